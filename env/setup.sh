@@ -1,0 +1,113 @@
+#!/usr/bin/env bash
+# One-command environment for hpc_train. Idempotent: every step checks before it acts, so a
+# second run finishes in well under a minute.
+#
+#   bash env/setup.sh [--no-system] [--no-horovod]
+#
+# 1. System packages (root on Debian: installed with apt-get; otherwise: listed, with how to get them)
+# 2. .venv with torch (CPU build without a GPU), then this project with its test extras
+# 3. Horovod 0.28.1 built against that torch (cached wheel; see env/install-horovod.sh)
+#
+# Env: PYTHON (interpreter for the venv, default python3), HPC_TRAIN_TORCH (default torch==2.13.0),
+#      HPC_TRAIN_TORCH_INDEX_URL (a pip index for a specific torch build, e.g. a CPU-only index).
+set -euo pipefail
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+venv="$root/.venv"
+py="$venv/bin/python"
+system=1
+horovod=1
+for arg in "$@"; do
+    case "$arg" in
+        --no-system) system=0 ;;
+        --no-horovod) horovod=0 ;;
+        -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
+        *) echo "unknown option: $arg (see --help)" >&2; exit 2 ;;
+    esac
+done
+
+say() { printf '[setup] %s\n' "$*"; }
+t0=$SECONDS
+
+# ---------------------------------------------------------------- 1. system packages
+# Debian package -> a command (or file) that shows it is present.
+declare -A deb_probe=(
+    [openmpi-bin]="mpirun" [libopenmpi-dev]="mpicc"
+    [munge]="munged" [slurmctld]="slurmctld" [slurmd]="slurmd" [slurm-client]="sbatch"
+    [slurmdbd]="slurmdbd" [mariadb-server-core]="mariadbd" [mariadb-client-core]="mariadb"
+    [g++]="g++" [make]="make" [cmake]="cmake"
+)
+missing=()
+for pkg in "${!deb_probe[@]}"; do
+    command -v "${deb_probe[$pkg]}" >/dev/null 2>&1 || PATH="$PATH:/usr/sbin:/sbin" command -v "${deb_probe[$pkg]}" >/dev/null 2>&1 || missing+=("$pkg")
+done
+if ! "${PYTHON:-python3}" -m venv --help >/dev/null 2>&1; then missing+=(python3-venv); fi
+
+if [ "${#missing[@]}" -eq 0 ]; then
+    say "system packages: all present (OpenMPI, Slurm, munge, slurmdbd, MariaDB, compilers)"
+elif [ "$system" -eq 1 ] && [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null; then
+    say "system packages: installing ${missing[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+    say "system packages: installed"
+else
+    say "system packages missing: ${missing[*]}"
+    say "  on Debian/Ubuntu (as root): apt-get install --no-install-recommends ${missing[*]}"
+    say "  on an HPC site: load the equivalent modules; see env/site.example.sh"
+    if ! command -v mpicc >/dev/null; then
+        say "ERROR: Horovod needs an MPI compiler wrapper (mpicc); load MPI and re-run"
+        [ "$horovod" -eq 1 ] && exit 1
+    fi
+fi
+
+# ---------------------------------------------------------------- 2. venv, torch, project
+if [ ! -x "$py" ]; then
+    base_py="${PYTHON:-python3}"
+    "$base_py" -c 'import sys; sys.exit(sys.version_info < (3, 10))' \
+        || { say "ERROR: $base_py is older than 3.10; set PYTHON=/path/to/python3.10+"; exit 1; }
+    say "creating $venv with $("$base_py" --version)"
+    "$base_py" -m venv "$venv"
+    "$py" -m pip install -q --upgrade pip setuptools wheel
+else
+    say "venv: $venv exists ($("$py" --version))"
+fi
+pip() { "$py" -m pip "$@"; }
+
+if "$py" -c 'import torch' 2>/dev/null; then
+    say "torch: $("$py" -c 'import torch; print(torch.__version__)') already installed"
+else
+    torch_req="${HPC_TRAIN_TORCH:-torch==2.13.0}"
+    index=()
+    [ -n "${HPC_TRAIN_TORCH_INDEX_URL:-}" ] && index=(--index-url "$HPC_TRAIN_TORCH_INDEX_URL")
+    if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then
+        say "torch: GPU found, installing $torch_req (CUDA build)"
+    else
+        say "torch: no GPU, installing $torch_req (set HPC_TRAIN_TORCH_INDEX_URL to a CPU-only index if your pip would pick a CUDA build)"
+    fi
+    # torch first and on its own: the project's `torch>=2.1` must not pull a different build.
+    pip install -q "${index[@]}" "$torch_req"
+fi
+
+# Reinstall the project only when its metadata changed (keeps a re-run fast).
+stamp="$venv/.hpc_train-setup-stamp"
+want="$(sha256sum pyproject.toml | cut -d' ' -f1)"
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && "$py" -c 'import hpc_train, submitit, h5py, mpi4py' 2>/dev/null; then
+    say "project: hpc_train[test] up to date (editable install)"
+else
+    say "project: installing hpc_train[test] (editable) and its dependencies"
+    pip install -q -e ".[test]"
+    echo "$want" > "$stamp"
+fi
+
+# ---------------------------------------------------------------- 3. Horovod
+if [ "$horovod" -eq 1 ]; then
+    bash "$root/env/install-horovod.sh" "$py"
+else
+    say "horovod: skipped (--no-horovod)"
+fi
+
+say "done in $((SECONDS - t0)) s. Next:"
+say "  bash env/slurm/start.sh                 # single-node Slurm (root; skip on a real cluster)"
+say "  .venv/bin/python -m hpc_train doctor     # everything OK?"

@@ -1,0 +1,29 @@
+"""Errors the CLI knows how to report: one line on stderr, a fixed exit status, no traceback."""
+
+
+class HpcTrainError(Exception):
+    """Base class; `exit_code` is what the CLI exits with."""
+
+    exit_code = 1
+
+
+class SpecError(HpcTrainError):
+    """A job spec is wrong. Exit 2 and nothing is submitted."""
+
+    exit_code = 2
+
+
+class SubmitError(HpcTrainError):
+    exit_code = 3
+
+
+class LaunchError(HpcTrainError):
+    exit_code = 4
+
+
+class CheckpointError(HpcTrainError):
+    exit_code = 5
+
+
+class DataError(HpcTrainError):
+    exit_code = 6

@@ -1,0 +1,1 @@
+"""Turning a spec and an allocation into the mpirun command line (pure functions)."""
