@@ -19,6 +19,74 @@ def _doctor(args: argparse.Namespace) -> int:
     return main(json_output=args.json)
 
 
+def _validate(args: argparse.Namespace) -> int:
+    from hpc_train.spec import describe_spec
+
+    spec = _load_checked(args)
+    print(f"{args.file}: OK")
+    print(describe_spec(spec))
+    return 0
+
+
+def _load_checked(args: argparse.Namespace):
+    """The spec of FILE with --set applied; warnings to stderr; SpecError (exit 2) on problems."""
+    from hpc_train.spec import validate_spec_file
+
+    spec, warnings = validate_spec_file(args.file, args.overrides)
+    for warning in warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    return spec
+
+
+def _submit(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from hpc_train.slurm import submit
+
+    spec = _load_checked(args)
+    if args.dry_run:
+        run_dir = Path(spec.run.root).resolve() / f"{spec.run.name}-<timestamp>"
+        print(submit.planned_script(spec, run_dir))
+        print("# dry run: nothing was submitted and no run directory was created", file=sys.stderr)
+        return 0
+    result = submit.submit(spec, use_slurm=False if args.local else None)
+    if result.executor == "local":
+        reason = "--local" if args.local else "sbatch is not on PATH"
+        print(f"note: {reason}: running the job on this machine with submitit's local executor",
+              file=sys.stderr)
+    print(f"job id:  {result.job_id}")
+    print(f"run dir: {result.run_dir}")
+    return 0
+
+
+def _render(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from hpc_train.rundir import RunPaths
+    from hpc_train.slurm.render import DEFAULT_TEMPLATE, render_script
+    from hpc_train.spec import dump_spec_yaml
+
+    spec = _load_checked(args)
+    template = Path(args.template).read_text() if args.template else DEFAULT_TEMPLATE
+    # The script needs a run directory holding the resolved spec, like a submitted job.
+    paths = RunPaths.new(spec.run.root, spec.run.name)
+    paths.spec.write_text(dump_spec_yaml(spec))
+    text = render_script(spec, paths, sys.executable, template)
+    paths.sbatch.write_text(text)
+    output = Path(args.output)
+    output.write_text(text)
+    output.chmod(0o755)
+    print(f"wrote {output} (run dir {paths.root}); submit it with: sbatch {output}")
+    return 0
+
+
+def _add_spec_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("file", metavar="FILE", help="job spec YAML, e.g. jobs/smoke.yaml")
+    parser.add_argument("--set", dest="overrides", action="append", default=[],
+                        metavar="KEY=VALUE", help="override a key, e.g. optim.base_lr=0.2 "
+                        "(value read as YAML; repeatable; wins over the file)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m hpc_train",
@@ -31,6 +99,36 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run every environment check; exit 0 only when none FAILs.")
     doctor.add_argument("--json", action="store_true", help="machine-readable output")
     doctor.set_defaults(handler=_doctor)
+
+    validate = commands.add_parser(
+        "validate", help="check a job spec (types, ranges, cross-field rules) without submitting",
+        description="Load FILE strictly, apply --set overrides, print warnings and a summary; "
+                    "exit 2 listing every problem.")
+    _add_spec_arguments(validate)
+    validate.set_defaults(handler=_validate)
+
+    submit = commands.add_parser(
+        "submit", help="validate a job spec and submit it to Slurm (submitit)",
+        description="Validate FILE, create a run directory and submit the job; prints the job id "
+                    "and the run directory. Without sbatch on PATH the job runs here through "
+                    "submitit's local executor.")
+    _add_spec_arguments(submit)
+    submit.add_argument("--dry-run", action="store_true",
+                        help="print the sbatch script; submit nothing, create nothing")
+    submit.add_argument("--local", action="store_true",
+                        help="run on this machine with submitit's local executor")
+    submit.set_defaults(handler=_submit)
+
+    render = commands.add_parser(
+        "render", help="write a standalone sbatch script for plain `sbatch`",
+        description="Validate FILE, create its run directory and write an sbatch script that "
+                    "needs only sbatch and this package.")
+    _add_spec_arguments(render)
+    render.add_argument("-o", "--output", required=True, metavar="FILE", help="script to write")
+    render.add_argument("--template", metavar="FILE",
+                        help="your site's sbatch template with {sbatch_directives}, {setup}, "
+                        "{driver_command}, {run_dir}, {job_name} placeholders")
+    render.set_defaults(handler=_render)
     return parser
 
 

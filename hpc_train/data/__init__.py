@@ -1,0 +1,1 @@
+"""Training data: samplers that give every rank an equal part, datasets, transforms."""

@@ -1,0 +1,1 @@
+"""Data parallelism (Horovod or torch DDP behind one interface) and, later, pipelines."""

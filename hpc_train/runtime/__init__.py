@@ -1,0 +1,1 @@
+"""What runs inside each rank: identity, logging, the worker entry point."""

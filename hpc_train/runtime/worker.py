@@ -1,0 +1,65 @@
+"""A rank's entry point: `python -m hpc_train.runtime.worker RUN_DIR` (started by mpirun).
+
+The rank writes everything, tracebacks included, to its own log file in the run directory, and
+records a `rank_failed` event naming itself when it raises, so diagnosis never has to guess.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import traceback
+from pathlib import Path
+
+from hpc_train.rundir import RunPaths, record_event
+from hpc_train.runtime.identity import rank_from_env
+
+
+def redirect_output(path: Path) -> None:
+    """Point this process's stdout and stderr (fds 1 and 2, so C libraries too) at `path`."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    sys.stdout.reconfigure(line_buffering=True)
+    sys.stderr.reconfigure(line_buffering=True)
+
+
+def setup_logging(rank: int) -> None:
+    logging.basicConfig(level=logging.INFO, stream=sys.stdout, force=True,
+                        format=f"%(asctime)s rank {rank} %(name)s %(levelname)s %(message)s")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m hpc_train.runtime.worker RUN_DIR", file=sys.stderr)
+        return 2
+    paths = RunPaths(Path(args[0]))
+    identity = rank_from_env(os.environ)
+    redirect_output(paths.rank_log(identity.rank))
+    setup_logging(identity.rank)
+    log = logging.getLogger("hpc_train.worker")
+    log.info("rank %d/%d (local %d) pid %d on %s", identity.rank, identity.size,
+             identity.local_rank, os.getpid(), os.uname().nodename)
+    try:
+        # Heavy imports after the redirect: an import error lands in this rank's log too.
+        from hpc_train.spec import load_spec
+        from hpc_train.train.trainer import Trainer
+
+        Trainer(load_spec(paths.spec), paths, identity).fit()
+    except BaseException as exc:  # noqa: BLE001 - every failure is recorded, then re-raised
+        log.error("rank %d failed:\n%s", identity.rank, traceback.format_exc())
+        record_event(paths, "rank_failed", rank=identity.rank, error=f"{type(exc).__name__}: {exc}",
+                     traceback=traceback.format_exc()[-4000:])
+        raise
+    log.info("rank %d done", identity.rank)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,141 @@
+"""Cross-field rules: pure functions of a JobSpec that return Problems (rule, values, fix).
+
+They run at submit time on the login node, so a job that would hang, waste GPUs or die before
+its checkpoint is refused before anything is queued. ERROR_RULES stop the job; WARNING_RULES
+are printed and the job goes on.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from hpc_train.spec.problems import Problem
+from hpc_train.spec.schema import JobSpec
+
+Rule = Callable[[JobSpec], list[Problem]]
+
+# Slurm's time-limit check runs about every 30 s, so a signal closer than that to the limit may
+# arrive after the job is already killed.
+SLURM_KILL_SLACK_S = 30
+MIN_GPU_BATCH = 32
+
+
+def _warn(key: str, given: str, rule: str, fix: str) -> Problem:
+    return Problem(key, given, rule, fix, severity="warning")
+
+
+def hdf5_needs_path(spec: JobSpec) -> list[Problem]:
+    if spec.data.kind == "hdf5" and spec.data.path is None:
+        return [Problem("data.path", "null with data.kind 'hdf5'",
+                        "HDF5 data needs the directory of its shards",
+                        "set data.path: /path/to/shards, or data.kind: synthetic")]
+    return []
+
+
+def compression_needs_horovod(spec: JobSpec) -> list[Problem]:
+    if spec.parallel.backend == "ddp" and spec.parallel.compression == "fp16":
+        return [Problem("parallel.compression", "'fp16' with parallel.backend 'ddp'",
+                        "gradient compression is a Horovod feature",
+                        "set parallel.backend: horovod, or parallel.compression: none")]
+    return []
+
+
+def signal_before_limit(spec: JobSpec) -> list[Problem]:
+    latest = spec.time_seconds - SLURM_KILL_SLACK_S
+    if spec.slurm.signal_seconds < latest:
+        return []
+    return [Problem("slurm.signal_seconds",
+                    f"{spec.slurm.signal_seconds} with slurm.time {spec.slurm.time!r} "
+                    f"({spec.time_seconds} s)",
+                    f"the stop signal must come before the limit minus {SLURM_KILL_SLACK_S} s "
+                    f"(Slurm checks limits about every {SLURM_KILL_SLACK_S} s), so < {latest}",
+                    f"lower slurm.signal_seconds below {max(latest, 1)} or raise slurm.time")]
+
+
+def keep_every_needs_period(spec: JobSpec) -> list[Problem]:
+    ckpt = spec.checkpoint
+    if ckpt.keep_every is not None and ckpt.every_steps is None and ckpt.every_minutes is None:
+        return [Problem("checkpoint.keep_every",
+                        f"{ckpt.keep_every} with every_steps and every_minutes both null",
+                        "nothing to keep: no periodic checkpoints are saved",
+                        "set checkpoint.every_steps or checkpoint.every_minutes")]
+    return []
+
+
+def one_rank_per_gpu(spec: JobSpec) -> list[Problem]:
+    slurm = spec.slurm
+    if slurm.gpus_per_node > 0 and slurm.tasks_per_node > slurm.gpus_per_node:
+        return [Problem("slurm.tasks_per_node",
+                        f"{slurm.tasks_per_node} with slurm.gpus_per_node {slurm.gpus_per_node}",
+                        "each rank drives one GPU, so there cannot be more ranks than GPUs",
+                        f"set slurm.tasks_per_node: {slurm.gpus_per_node}")]
+    return []
+
+
+def idle_gpus(spec: JobSpec) -> list[Problem]:
+    slurm = spec.slurm
+    if slurm.tasks_per_node < slurm.gpus_per_node:
+        return [_warn("slurm.tasks_per_node",
+                      f"{slurm.tasks_per_node} with slurm.gpus_per_node {slurm.gpus_per_node}",
+                      f"{slurm.gpus_per_node - slurm.tasks_per_node} GPU(s) per node stay idle",
+                      f"set slurm.tasks_per_node: {slurm.gpus_per_node}")]
+    return []
+
+
+def small_gpu_batch(spec: JobSpec) -> list[Problem]:
+    if spec.uses_gpu and spec.data.batch_size < MIN_GPU_BATCH:
+        return [_warn("data.batch_size", str(spec.data.batch_size),
+                      f"a per-rank batch under {MIN_GPU_BATCH} leaves the GPU mostly idle "
+                      "and makes batch-norm statistics noisy",
+                      "raise data.batch_size (it is per rank), or use parallel.accumulation")]
+    return []
+
+
+def fixed_loss_scale_unused(spec: JobSpec) -> list[Problem]:
+    if spec.precision.loss_scale != "dynamic" and spec.precision.mode != "fp16":
+        return [_warn("precision.loss_scale",
+                      f"{spec.precision.loss_scale} with precision.mode {spec.precision.mode!r}",
+                      "loss scaling only applies to fp16 and is ignored",
+                      "remove precision.loss_scale, or set precision.mode: fp16")]
+    return []
+
+
+def warmup_shorter_than_training(spec: JobSpec) -> list[Problem]:
+    optim = spec.optim
+    if optim.warmup_epochs > 0 and optim.warmup_epochs >= optim.epochs:
+        return [_warn("optim.warmup_epochs", f"{optim.warmup_epochs:g} with optim.epochs "
+                      f"{optim.epochs}", "the warm-up never ends, so the LR never reaches "
+                      "the scaled LR", f"set optim.warmup_epochs below {optim.epochs}")]
+    return []
+
+
+def milestones_within_training(spec: JobSpec) -> list[Problem]:
+    optim = spec.optim
+    late = [m for m in optim.step_milestones if m >= optim.epochs]
+    if optim.schedule == "step" and late:
+        return [_warn("optim.step_milestones", f"{late} with optim.epochs {optim.epochs}",
+                      "milestones at or after the last epoch never apply",
+                      "drop them or raise optim.epochs")]
+    return []
+
+
+def path_unused(spec: JobSpec) -> list[Problem]:
+    if spec.data.kind == "synthetic" and spec.data.path is not None:
+        return [_warn("data.path", f"{spec.data.path!r} with data.kind 'synthetic'",
+                      "synthetic data reads no files, so the path is ignored",
+                      "set data.kind: hdf5 to read it, or remove data.path")]
+    return []
+
+
+ERROR_RULES: tuple[Rule, ...] = (hdf5_needs_path, compression_needs_horovod, signal_before_limit,
+                                 keep_every_needs_period, one_rank_per_gpu)
+WARNING_RULES: tuple[Rule, ...] = (idle_gpus, small_gpu_batch, fixed_loss_scale_unused,
+                                   warmup_shorter_than_training, milestones_within_training,
+                                   path_unused)
+
+
+def check_spec(spec: JobSpec) -> tuple[list[Problem], list[Problem]]:
+    """(errors, warnings) from every cross-field rule."""
+    errors = [p for rule in ERROR_RULES for p in rule(spec)]
+    warnings = [p for rule in WARNING_RULES for p in rule(spec)]
+    return errors, warnings

@@ -1,0 +1,213 @@
+"""The job spec as typed, frozen dataclasses: the one source of truth for keys, types and defaults.
+
+The loader derives the valid keys from `dataclasses.fields`, converts values from the annotation,
+and checks the limits kept in each field's metadata (see `spec_field`). Add a field here and it is
+accepted, checked, dumped and hashed everywhere; nothing else lists the keys.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import MISSING, dataclass, field
+from typing import Any, Callable, Literal, Optional, Union
+
+from hpc_train.spec import values
+
+ModelName = Literal["resnet18", "resnet34", "resnet50", "resnet101", "resnet152", "resnet_tiny"]
+
+
+def spec_field(default: Any = MISSING, *, doc: str, factory: Callable[[], Any] | None = None,
+               ge: float | None = None, gt: float | None = None, le: float | None = None,
+               lt: float | None = None, check: Callable | None = None, each: Callable | None = None,
+               key_check: Callable | None = None, example: Any = None) -> Any:
+    """A dataclass field plus what the loader needs to check it.
+
+    ge/gt/le/lt: numeric limits. check: `values.check_*` run on the converted value;
+    each: run on every item of a list or value of a dict; key_check: on every dict key.
+    example: shown in fixes when the default (None, say) is not a useful example.
+    """
+    meta = {"doc": doc, "ge": ge, "gt": gt, "le": le, "lt": lt, "check": check, "each": each,
+            "key_check": key_check, "example": example}
+    if factory is not None:
+        return field(default_factory=factory, metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    name: str = spec_field(doc="run and Slurm job name; becomes the run directory name",
+                           check=values.check_run_name, example="resnet50-imagenet")
+    root: str = spec_field("runs", doc="directory under which run directories are made",
+                           check=values.check_path)
+    seed: int = spec_field(0, doc="base random seed; each rank derives its own", ge=0)
+
+
+@dataclass(frozen=True)
+class SlurmSpec:
+    partition: Optional[str] = spec_field(None, doc="partition; None = the site default",
+                                          check=values.check_slurm_name, example="gpu")
+    nodes: int = spec_field(1, doc="number of nodes", ge=1)
+    tasks_per_node: int = spec_field(1, doc="ranks per node (one per GPU on GPU jobs)", ge=1)
+    gpus_per_node: int = spec_field(0, doc="GPUs per node; 0 = a CPU job", ge=0)
+    cpus_per_task: int = spec_field(1, doc="CPU cores per rank (data workers live here)", ge=1)
+    mem: Optional[str] = spec_field(None, doc='memory per node: "16G", "4000M", "0" = all',
+                                    check=values.check_memory, example='"16G"')
+    time: str = spec_field("00:30:00", doc="time limit in a Slurm format (D-HH:MM:SS ...)",
+                           check=values.check_slurm_time, example='"01:30:00"')
+    account: Optional[str] = spec_field(None, doc="account to charge",
+                                        check=values.check_slurm_name, example="myproject")
+    qos: Optional[str] = spec_field(None, doc="quality of service", check=values.check_slurm_name,
+                                    example="normal")
+    constraint: Optional[str] = spec_field(None, doc="node features, e.g. a100&ib",
+                                           check=values.check_slurm_name, example="a100")
+    # Slurm delivers the signal with up to a minute of slack; 65535 is Slurm's own maximum.
+    signal_seconds: int = spec_field(120, doc="seconds before the limit that USR2 is sent",
+                                     ge=1, le=65535)
+    extra: dict[str, str] = spec_field(
+        doc='more sbatch options, name (no --) -> value; "" for a flag without value',
+        factory=dict, key_check=values.check_sbatch_option, each=values.check_argument)
+    # Shell by design: the user's own module loads and exports, run as written.
+    setup: list[str] = spec_field(doc="shell lines run before the driver (module load ...)",
+                                  factory=list)
+    site_profile: Optional[str] = spec_field(None, doc="site profile file (cluster defaults)",
+                                             check=values.check_path, example="env/site.yaml")
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    mpi: Literal["openmpi", "mpich", "intel"] = spec_field("openmpi", doc="MPI flavour of mpirun")
+    extra_args: list[str] = spec_field(doc="extra mpirun arguments, one per item", factory=list,
+                                       each=values.check_argument)
+    env: dict[str, str] = spec_field(doc="environment variables exported to every rank",
+                                     factory=dict, key_check=values.check_env_name,
+                                     each=values.check_env_value)
+
+
+@dataclass(frozen=True)
+class DataSpec:
+    kind: Literal["synthetic", "hdf5"] = spec_field("synthetic", doc="where samples come from")
+    path: Optional[str] = spec_field(None, doc="directory of HDF5 shards (kind hdf5)",
+                                     check=values.check_path, example="/path/to/imagenet-shards")
+    num_classes: int = spec_field(1000, doc="number of classes", ge=2)
+    image_size: int = spec_field(224, doc="square crop size in pixels", ge=8, le=1024)
+    batch_size: int = spec_field(32, doc="samples per rank per backward pass (per-rank batch)",
+                                 ge=1)
+    workers: int = spec_field(4, doc="data loader worker processes per rank", ge=0)
+    pin_memory: bool = spec_field(True, doc="pin host memory for faster copies to the GPU")
+    start_method: Literal["fork", "forkserver", "spawn"] = spec_field(
+        "fork", doc="multiprocessing start method of the data workers")
+    train_samples: Optional[int] = spec_field(
+        None, doc="synthetic: samples per epoch, all ranks together", ge=1, example=2048)
+    val_samples: Optional[int] = spec_field(
+        None, doc="synthetic: validation samples, all ranks together", ge=0, example=256)
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: ModelName = spec_field("resnet50", doc="architecture from the model registry")
+    options: dict[str, Any] = spec_field(doc="keyword arguments for the model builder",
+                                         factory=dict)
+
+
+@dataclass(frozen=True)
+class OptimSpec:
+    name: Literal["sgd", "adamw"] = spec_field("sgd", doc="optimizer")
+    base_lr: float = spec_field(0.1, doc="learning rate per 256 images; scaled by global batch",
+                                gt=0)
+    momentum: float = spec_field(0.9, doc="SGD momentum (beta1 for adamw)", ge=0, le=1)
+    weight_decay: float = spec_field(1e-4, doc="L2 / decoupled weight decay", ge=0)
+    nesterov: bool = spec_field(False, doc="Nesterov momentum (sgd)")
+    warmup_epochs: float = spec_field(5.0, doc="linear warm-up from 0 to the scaled LR", ge=0)
+    schedule: Literal["cosine", "step", "constant"] = spec_field("cosine", doc="LR after warm-up")
+    step_milestones: list[int] = spec_field(doc="epochs where the step schedule multiplies the LR",
+                                            factory=lambda: [30, 60, 80],
+                                            check=values.check_increasing)
+    step_gamma: float = spec_field(0.1, doc="factor applied at each milestone", gt=0, le=1)
+    label_smoothing: float = spec_field(0.0, doc="cross-entropy label smoothing", ge=0, lt=1)
+    epochs: int = spec_field(90, doc="epochs to train", ge=1)
+    max_steps: Optional[int] = spec_field(None, doc="stop after this many optimizer steps (tests)",
+                                          ge=1, example=100)
+    grad_clip: Optional[float] = spec_field(None, doc="clip the global gradient norm to this",
+                                            gt=0, example=1.0)
+
+
+@dataclass(frozen=True)
+class PrecisionSpec:
+    mode: Literal["fp32", "fp16", "bf16"] = spec_field("fp32", doc="compute precision (autocast)")
+    loss_scale: Union[Literal["dynamic"], float] = spec_field(
+        "dynamic", doc='fp16 loss scale: "dynamic" (GradScaler) or a fixed number', gt=0)
+    init_scale: float = spec_field(65536.0, doc="first scale of the dynamic loss scaler", gt=0)
+
+
+@dataclass(frozen=True)
+class ParallelSpec:
+    backend: Literal["horovod", "ddp"] = spec_field("horovod", doc="data-parallel library")
+    accumulation: int = spec_field(1, doc="backward passes per optimizer step", ge=1)
+    compression: Literal["none", "fp16"] = spec_field("none", doc="gradient compression (Horovod)")
+
+
+@dataclass(frozen=True)
+class CheckpointSpec:
+    every_steps: Optional[int] = spec_field(None, doc="save every N optimizer steps", ge=1,
+                                            example=1000)
+    every_minutes: Optional[float] = spec_field(30.0, doc="save every N minutes of training",
+                                                gt=0)
+    keep_last: int = spec_field(3, doc="keep this many most recent checkpoints", ge=1)
+    keep_every: Optional[int] = spec_field(
+        None, doc="also keep for good one checkpoint per this many steps (the first saved at "
+        "or after each multiple)", ge=1, example=10000)
+    max_requeues: int = spec_field(10, doc="requeues after a time-limit stop before giving up",
+                                   ge=0)
+    retries_on_failure: int = spec_field(0, doc="requeues after a crash (non-zero exit)", ge=0)
+
+
+@dataclass(frozen=True)
+class LogSpec:
+    every_steps: int = spec_field(20, doc="log metrics every N optimizer steps", ge=1)
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """A whole job. Sections are the top-level YAML keys; only `run.name` has no default."""
+
+    run: RunSpec
+    slurm: SlurmSpec = field(default_factory=SlurmSpec)
+    launch: LaunchSpec = field(default_factory=LaunchSpec)
+    data: DataSpec = field(default_factory=DataSpec)
+    model: ModelSpec = field(default_factory=ModelSpec)
+    optim: OptimSpec = field(default_factory=OptimSpec)
+    precision: PrecisionSpec = field(default_factory=PrecisionSpec)
+    parallel: ParallelSpec = field(default_factory=ParallelSpec)
+    checkpoint: CheckpointSpec = field(default_factory=CheckpointSpec)
+    log: LogSpec = field(default_factory=LogSpec)
+
+    @property
+    def world_size(self) -> int:
+        """Ranks in the job: nodes x tasks_per_node."""
+        return self.slurm.nodes * self.slurm.tasks_per_node
+
+    @property
+    def global_batch(self) -> int:
+        """Images per optimizer step: per-rank batch x ranks x accumulation."""
+        return self.data.batch_size * self.world_size * self.parallel.accumulation
+
+    @property
+    def scaled_lr(self) -> float:
+        """The linear scaling rule: base_lr is per 256 images."""
+        return self.optim.base_lr * self.global_batch / 256
+
+    @property
+    def time_seconds(self) -> int:
+        """The limit as Slurm enforces it: whole minutes (Slurm rounds seconds up)."""
+        return self.time_minutes * 60
+
+    @property
+    def time_minutes(self) -> int:
+        seconds = values.slurm_time_seconds(self.slurm.time)
+        if seconds is None:  # only reachable for a JobSpec built by hand, not loaded
+            raise ValueError(f"slurm.time {self.slurm.time!r} is not a Slurm time")
+        return math.ceil(seconds / 60)
+
+    @property
+    def uses_gpu(self) -> bool:
+        return self.slurm.gpus_per_node > 0

@@ -1,0 +1,135 @@
+"""Rules for single values that are more than a type and a range: Slurm times, memory sizes,
+names that end up in paths and on command lines.
+
+Each `check_*` returns None when the value is fine, else `(rule, fix)`; the loader adds the key
+and the value. Commands are built as argument lists elsewhere, so these rules are a second line
+of defence and a way to fail on the login node instead of inside a queued job.
+"""
+
+from __future__ import annotations
+
+import re
+
+
+SLURM_TIME_FORMATS = "MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS"
+_TIME_WITH_DAYS = re.compile(r"^(\d+)-(\d+)(?::(\d+))?(?::(\d+))?$")
+_TIME_PLAIN = re.compile(r"^(\d+)(?::(\d+))?(?::(\d+))?$")
+
+RUN_NAME = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+MEMORY = re.compile(r"^\d+[KMGT]?$")
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+SBATCH_OPTION = re.compile(r"^[a-z0-9][a-z0-9_-]*$")
+# Partition, account, qos and constraint names. Constraints need & | ! ( ) [ ] * , : for
+# expressions such as "a100&(ib|eth)"; nothing here is a quote, `$`, `;`, a space or a newline.
+SLURM_NAME = re.compile(r"^[A-Za-z0-9._,:|&!()\[\]*@+=-]+$")
+
+
+def slurm_time_seconds(text: str) -> int | None:
+    """Seconds in a Slurm time limit, or None when `text` is not one of SLURM_TIME_FORMATS.
+
+    Slurm reads one number as minutes, two as MM:SS, three as HH:MM:SS; with a day part,
+    D-HH, D-HH:MM, D-HH:MM:SS. Minutes and seconds after the first field must be < 60.
+    """
+    days_match = _TIME_WITH_DAYS.match(text)
+    if days_match:
+        days, hours, minutes, seconds = (int(p) if p else 0 for p in days_match.groups())
+        if minutes >= 60 or seconds >= 60 or hours >= 24:
+            return None
+        return ((days * 24 + hours) * 60 + minutes) * 60 + seconds
+    plain = _TIME_PLAIN.match(text)
+    if not plain:
+        return None
+    parts = [int(p) for p in plain.groups() if p is not None]
+    if any(p >= 60 for p in parts[1:]):
+        return None
+    if len(parts) == 1:
+        return parts[0] * 60
+    if len(parts) == 2:
+        return parts[0] * 60 + parts[1]
+    return (parts[0] * 60 + parts[1]) * 60 + parts[2]
+
+
+def check_slurm_time(text: str):
+    seconds = slurm_time_seconds(text)
+    if seconds is None:
+        return (f"not a Slurm time limit (formats: {SLURM_TIME_FORMATS})",
+                'write the limit as a quoted string, e.g. slurm.time: "01:30:00" for 90 minutes')
+    if seconds == 0:
+        return ("a zero time limit means 'no limit' to Slurm, and the job needs a deadline "
+                "to checkpoint before",
+                'set a real limit, e.g. slurm.time: "00:30:00"')
+    return None
+
+
+def check_run_name(text: str):
+    if RUN_NAME.match(text):
+        return None
+    return ("run.name becomes a directory and a Slurm job name: 1-64 characters from "
+            "A-Z a-z 0-9 . _ - (no spaces, slashes or shell characters)",
+            "use a plain name, e.g. run.name: resnet50-imagenet")
+
+
+def check_memory(text: str):
+    if MEMORY.match(text):
+        return None
+    return ("Slurm memory is a whole number with an optional unit K, M, G or T "
+            "(no space, no 'B', no decimals)",
+            'write e.g. slurm.mem: "16G", or "0" for all of the node\'s memory')
+
+
+def check_slurm_name(text: str):
+    if SLURM_NAME.match(text):
+        return None
+    return ("Slurm names may only hold letters, digits and . _ , : | & ! ( ) [ ] * @ + = - "
+            "(no spaces, quotes, $, ;, backticks, redirections or newlines)",
+            "use the name exactly as `sinfo`/`sacctmgr` show it")
+
+
+def _has_control(text: str) -> bool:
+    return any(ord(ch) < 32 or ord(ch) == 127 for ch in text)
+
+
+def check_path(text: str):
+    if not text:
+        return ("a path cannot be empty", "give a directory, or null where allowed")
+    if _has_control(text):
+        return ("paths may not contain newlines, NUL or other control characters",
+                "remove the control characters from the path")
+    return None
+
+
+def check_env_value(text: str):
+    if "\n" in text or "\r" in text or "\0" in text:
+        return ("environment values may not contain newlines or NUL",
+                "put the value on one line")
+    return None
+
+
+def check_argument(text: str):
+    if "\0" in text or "\n" in text or "\r" in text:
+        return ("command-line arguments and sbatch options may not contain newlines or NUL",
+                "put the value on one line")
+    return None
+
+
+def check_env_name(text: str):
+    if ENV_NAME.match(text):
+        return None
+    return ("environment variable names are letters, digits and _, not starting with a digit",
+            "rename it, e.g. OMP_NUM_THREADS")
+
+
+def check_sbatch_option(text: str):
+    if SBATCH_OPTION.match(text):
+        return None
+    return ("sbatch option names are lower-case letters, digits, _ and -, without the leading --",
+            "write the long option name, e.g. slurm.extra: {exclusive: \"\", mail-type: END}")
+
+
+def check_increasing(values: list):
+    bad = [v for v in values if v < 1]
+    if bad:
+        return ("milestones are epochs and must be >= 1", "e.g. optim.step_milestones: [30, 60, 80]")
+    if any(b <= a for a, b in zip(values, values[1:])):
+        return ("milestones must be strictly increasing", "sort them, e.g. [30, 60, 80]")
+    return None

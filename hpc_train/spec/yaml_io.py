@@ -1,0 +1,115 @@
+"""Reading spec YAML safely and a little more strictly than PyYAML does by default.
+
+`SpecLoader` is `yaml.SafeLoader` (plain data only: `!!python/...` tags are an error, never run)
+with two YAML 1.1 surprises removed, because both silently change a job:
+  - base-60 numbers: unquoted `time: 1:30:00` would be the int 5400 (5400 minutes);
+  - old octal: `010` would be 8.
+Both now stay strings, which the field converters then read as the user meant. Duplicate keys,
+which PyYAML resolves by keeping the last one, are an error.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from hpc_train.spec.problems import Problem
+
+_INT_TAG = "tag:yaml.org,2002:int"
+_FLOAT_TAG = "tag:yaml.org,2002:float"
+# PyYAML's own patterns without the base-60 (and, for ints, the 0-prefixed octal) forms.
+_INT = re.compile(r"""^(?:[-+]?0b[0-1_]+
+                    |[-+]?(?:0|[1-9][0-9_]*)
+                    |[-+]?0x[0-9a-fA-F_]+)$""", re.X)
+_FLOAT = re.compile(r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+][0-9]+)?
+                    |\.[0-9][0-9_]*(?:[eE][-+][0-9]+)?
+                    |[-+]?\.(?:inf|Inf|INF)
+                    |\.(?:nan|NaN|NAN))$""", re.X)
+
+
+class SpecLoader(yaml.SafeLoader):
+    """SafeLoader without base-60 numbers or old octal, rejecting duplicate keys."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: dict[Any, Any] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if isinstance(key, (str, int, float, bool)) or key is None:
+                if key in seen:
+                    raise yaml.constructor.ConstructorError(
+                        "while constructing a mapping", node.start_mark,
+                        f"duplicate key {key!r} (first at line {seen[key].line + 1})",
+                        key_node.start_mark)
+                seen[key] = key_node.start_mark
+        return super().construct_mapping(node, deep=deep)
+
+
+SpecLoader.yaml_implicit_resolvers = {
+    first: [(tag, rx) for tag, rx in resolvers if tag not in (_INT_TAG, _FLOAT_TAG)]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+SpecLoader.add_implicit_resolver(_INT_TAG, _INT, list("-+0123456789"))
+SpecLoader.add_implicit_resolver(_FLOAT_TAG, _FLOAT, list("-+0123456789."))
+
+
+def parse_yaml(text: str) -> Any:
+    """Plain data from YAML text; raises yaml.YAMLError."""
+    return yaml.load(text, Loader=SpecLoader)  # noqa: S506 - SpecLoader is a SafeLoader
+
+
+def yaml_error_line(exc: yaml.YAMLError) -> str:
+    """A YAML error on one line, with the line and column where the parser stopped."""
+    mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+    problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+    context = getattr(exc, "context", None)
+    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+    text = f"{where}{context + ': ' if context else ''}{problem}"
+    return " ".join(text.split())
+
+
+def read_spec_file(path: str | Path) -> tuple[dict | None, list[Problem]]:
+    """The top-level mapping of a spec file, or None and the problem with the file itself."""
+    name = str(path)
+    source = Path(path)
+    if not source.exists():
+        return None, [Problem(name, None, "file not found",
+                              "check the path; specs live in jobs/, e.g. jobs/smoke.yaml")]
+    if not source.is_file():
+        return None, [Problem(name, None, "not a file", "give the path of a .yaml spec file")]
+    try:
+        text = source.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        return None, [Problem(name, None, f"cannot read the file ({exc})",
+                              "check permissions and that it is UTF-8 text")]
+    try:
+        data = parse_yaml(text)
+    except yaml.YAMLError as exc:
+        return None, [_yaml_problem(name, exc)]
+    if data is None:
+        return None, [Problem(name, None, "the file is empty (or only comments)",
+                              "start from jobs/smoke.yaml; at least run: {name: my-run}")]
+    if not isinstance(data, dict):
+        return None, [Problem(name, f"a {type(data).__name__}", "the top level must be a "
+                              "mapping of sections (run, slurm, data, ...)",
+                              "write 'section:' lines at the top level, as in jobs/smoke.yaml")]
+    return data, []
+
+
+def _yaml_problem(name: str, exc: yaml.YAMLError) -> Problem:
+    detail = yaml_error_line(exc)
+    if "python/" in detail or "constructor for the tag" in detail:
+        return Problem(name, None, f"YAML tags are not allowed in a spec ({detail})",
+                       "remove the tag: specs hold plain data only, and tags are never executed")
+    if "duplicate key" in detail:
+        return Problem(name, None, f"a key is written twice ({detail}); YAML would silently keep "
+                       "the last one", "keep one of the two entries")
+    return Problem(name, None, f"not valid YAML ({detail})",
+                   "fix the YAML syntax there (indent with spaces, not tabs; close brackets "
+                   "and quotes)")
+
+
+def dump_yaml(data: dict) -> str:
+    """Block-style YAML in the given key order; loads back with SpecLoader to equal data."""
+    return yaml.safe_dump(data, sort_keys=False, default_flow_style=False, allow_unicode=True)

@@ -1,0 +1,26 @@
+"""Windowed throughput and loss meters for the metrics log (no collectives here)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Window:
+    """What happened since the last logged step."""
+
+    started: float = field(default_factory=time.perf_counter)
+    steps: int = 0
+    loss_sum: float = 0.0
+    data_seconds: float = 0.0
+    skipped: int = 0
+
+    def add(self, loss: float, data_seconds: float, applied: bool) -> None:
+        self.steps += 1
+        self.loss_sum += loss
+        self.data_seconds += data_seconds
+        self.skipped += not applied
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.started

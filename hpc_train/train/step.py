@@ -1,0 +1,39 @@
+"""One optimizer step over `accumulation` micro-batches: the whole FP16 recipe in one screen."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+
+import torch
+
+from hpc_train.train.precision import Precision
+
+
+def optimizer_step(model: torch.nn.Module, optimizer, micro_batches: Sequence[tuple[torch.Tensor, torch.Tensor]],
+                   criterion, precision: Precision, backend=None, grad_clip: float | None = None
+                   ) -> tuple[float, bool]:
+    """Forward/backward each micro-batch, then one (maybe skipped) optimizer step.
+
+    Each micro-batch loss is divided by the number of micro-batches, so accumulating k batches
+    of B gives the gradient of one batch of k x B (for models without batch statistics).
+    Returns (mean loss of the micro-batches, whether the step was applied).
+    """
+    passes = len(micro_batches)
+    total = 0.0
+    for i, (images, labels) in enumerate(micro_batches):
+        sync = backend.accumulate(model, last_pass=i == passes - 1) if backend else contextlib.nullcontext()
+        with sync:
+            with precision.autocast():
+                loss = criterion(model(images), labels) / passes
+            precision.backward(loss)
+        total += loss.item()
+    hooks = backend.precision_hooks(optimizer) if backend else {}
+    if grad_clip is not None:
+        precision.unscale_and_clip(optimizer, grad_clip, synchronize=hooks.get("synchronize"))
+    applied = precision.step(optimizer, **hooks)
+    precision.update()
+    # Zero even after a skipped step: a kept inf gradient would skip every step after it.
+    optimizer.zero_grad(set_to_none=True)
+    return total, applied
+

@@ -1,0 +1,168 @@
+"""The training loop of one rank: epochs of optimizer steps, logging, evaluation.
+
+Collectives happen at the same steps on every rank (gradient reduction, the loss average at
+log steps, evaluation at epoch ends), since every rank runs the same number of steps.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import time
+
+import torch
+
+from hpc_train.models import build_model
+from hpc_train.parallel.data_parallel import make_backend
+from hpc_train.rundir import RunPaths, append_jsonl, record_event
+from hpc_train.runtime.identity import RankInfo
+from hpc_train.train.data import build_loaders
+from hpc_train.train.meters import Window
+from hpc_train.train.optim import build_optimizer
+from hpc_train.train.precision import Precision
+from hpc_train.train.schedule import LrSchedule
+from hpc_train.train.step import optimizer_step
+
+log = logging.getLogger("hpc_train.trainer")
+
+
+def pick_device(spec, identity: RankInfo) -> torch.device:
+    if spec.uses_gpu and torch.cuda.is_available():
+        device = torch.device("cuda", identity.local_rank % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+        return device
+    return torch.device("cpu")
+
+
+def parameters_digest(model: torch.nn.Module) -> str:
+    """sha256 of every parameter's bytes: equal digests mean bit-identical replicas."""
+    digest = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        digest.update(name.encode())
+        digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()
+
+
+class Trainer:
+    def __init__(self, spec, paths: RunPaths, identity: RankInfo):
+        self.spec, self.paths, self.identity = spec, paths, identity
+        self.device = pick_device(spec, identity)
+        torch.set_num_threads(spec.slurm.cpus_per_task)
+        self.backend = make_backend(spec.parallel.backend, identity, self.device)
+        torch.manual_seed(spec.run.seed)  # the same initial weights everywhere, before broadcast
+        model = build_model(spec.model.name, spec.data.num_classes, **spec.model.options)
+        model = model.to(self.device)
+        optimizer = build_optimizer(spec.optim, model.parameters(), lr=spec.scaled_lr)
+        self.model, self.optimizer = self.backend.prepare(
+            model, optimizer, accumulation=spec.parallel.accumulation,
+            compression=spec.parallel.compression)
+        self.precision = Precision(spec.precision.mode, self.device, spec.precision.loss_scale,
+                                   spec.precision.init_scale)
+        torch.manual_seed(spec.run.seed + identity.rank)  # different augmentation per rank
+        pin = spec.data.pin_memory and self.device.type == "cuda"
+        self.train_loader, self.val_loader = build_loaders(spec, identity.rank, identity.size, pin)
+        self.steps_per_epoch = len(self.train_loader) // spec.parallel.accumulation
+        self.schedule = LrSchedule(
+            peak_lr=spec.scaled_lr, steps_per_epoch=self.steps_per_epoch,
+            warmup_epochs=spec.optim.warmup_epochs, total_epochs=spec.optim.epochs,
+            schedule=spec.optim.schedule, milestones=tuple(spec.optim.step_milestones),
+            gamma=spec.optim.step_gamma)
+        self.criterion = torch.nn.CrossEntropyLoss(label_smoothing=spec.optim.label_smoothing)
+        self.step = 0
+
+    @property
+    def total_steps(self) -> int:
+        total = self.steps_per_epoch * self.spec.optim.epochs
+        return min(total, self.spec.optim.max_steps or total)
+
+    def fit(self) -> None:
+        if self.identity.is_main:
+            record_event(self.paths, "training_started", total_steps=self.total_steps,
+                         steps_per_epoch=self.steps_per_epoch, world_size=self.identity.size,
+                         global_batch=self.spec.global_batch, peak_lr=self.spec.scaled_lr,
+                         device=str(self.device))
+        epoch = 0
+        while self.step < self.total_steps:
+            self.train_epoch(epoch)
+            if self.val_loader is not None:
+                self.evaluate(epoch)
+            epoch += 1
+        record_event(self.paths, "rank_finished", rank=self.identity.rank, step=self.step,
+                     params_sha256=parameters_digest(self.model))
+        self.backend.shutdown()
+
+    def _micro_batches(self, batches):
+        accumulation = self.spec.parallel.accumulation
+        group = []
+        for images, labels in batches:
+            group.append((images.to(self.device, non_blocking=True),
+                          labels.to(self.device, non_blocking=True)))
+            if len(group) == accumulation:
+                yield group
+                group = []
+
+    def train_epoch(self, epoch: int) -> None:
+        self.train_loader.sampler.set_epoch(epoch)
+        self.model.train()
+        window = Window()
+        steps = self._micro_batches(self.train_loader)
+        for _ in range(self.steps_per_epoch):
+            if self.step >= self.total_steps:
+                break
+            fetch_start = time.perf_counter()
+            micro_batches = next(steps)
+            data_seconds = time.perf_counter() - fetch_start
+            lr = self.schedule.apply(self.optimizer, self.step)
+            loss, applied = optimizer_step(self.model, self.optimizer, micro_batches,
+                                           self.criterion, self.precision, self.backend,
+                                           self.spec.optim.grad_clip)
+            self.step += 1
+            window.add(loss, data_seconds, applied)
+            if self.step % self.spec.log.every_steps == 0 or self.step == self.total_steps:
+                self._log(epoch, lr, window)
+                window = Window()
+
+    def _log(self, epoch: int, lr: float, window: Window) -> None:
+        # One small collective per logged step: the mean loss over all ranks.
+        summed = self.backend.allreduce_sum(torch.tensor([window.loss_sum, float(window.steps)]))
+        elapsed = window.elapsed()
+        self._heartbeat()
+        if not self.identity.is_main:
+            return
+        record = {
+            "time": time.time(), "step": self.step, "epoch": epoch,
+            "loss": summed[0].item() / summed[1].item(), "lr": lr,
+            "images_per_s": self.spec.global_batch * window.steps / elapsed,
+            "step_time": elapsed / window.steps, "data_time": window.data_seconds / window.steps,
+            "loss_scale": self.precision.loss_scale, "skipped_steps": window.skipped,
+        }
+        append_jsonl(self.paths.metrics, record)
+        log.info("step %d/%d epoch %d loss %.4f lr %.4g %.0f img/s", self.step, self.total_steps,
+                 epoch, record["loss"], lr, record["images_per_s"])
+
+    def _heartbeat(self) -> None:
+        path = self.paths.rank_heartbeat(self.identity.rank)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"step": self.step, "time": time.time(), "pid": os.getpid()}))
+        os.replace(tmp, path)
+
+    @torch.no_grad()
+    def evaluate(self, epoch: int) -> None:
+        self.model.eval()
+        totals = torch.zeros(3, dtype=torch.float64)  # loss sum, correct, count
+        for images, labels in self.val_loader:
+            images, labels = images.to(self.device), labels.to(self.device)
+            with self.precision.autocast():
+                logits = self.model(images)
+            loss = torch.nn.functional.cross_entropy(logits.float(), labels, reduction="sum")
+            totals += torch.tensor([loss.item(), (logits.argmax(1) == labels).sum().item(),
+                                    labels.numel()], dtype=torch.float64)
+        totals = self.backend.allreduce_sum(totals)
+        if self.identity.is_main:
+            record = {"time": time.time(), "step": self.step, "epoch": epoch, "split": "val",
+                      "loss": totals[0].item() / totals[2].item(),
+                      "accuracy": totals[1].item() / totals[2].item()}
+            append_jsonl(self.paths.metrics, record)
+            log.info("eval epoch %d loss %.4f accuracy %.3f", epoch, record["loss"], record["accuracy"])

@@ -1,0 +1,79 @@
+"""Allocation parsing and the mpirun argv, against golden files (tests/golden/)."""
+
+import os
+
+import pytest
+
+from hpc_train.launch.allocation import (Allocation, allocation_from_slurm, expand_hostlist,
+                                         expand_tasks_per_node)
+from hpc_train.launch.argv import LaunchPlan, mpirun_argv
+from tests.conftest import REPO
+
+GOLDEN = REPO / "tests/golden"
+
+
+def check_golden(name: str, argv: list[str]) -> None:
+    """One argument per line; UPDATE_GOLDEN=1 rewrites the file after a deliberate change."""
+    path = GOLDEN / name
+    text = "\n".join(argv) + "\n"
+    if os.environ.get("UPDATE_GOLDEN") == "1":
+        path.write_text(text)
+    assert text == path.read_text()
+
+
+@pytest.mark.parametrize("nodelist, hosts", [
+    ("vm", ["vm"]),
+    ("gpu[01-03,07]", ["gpu01", "gpu02", "gpu03", "gpu07"]),
+    ("a[1-2],b,c[9-10]", ["a1", "a2", "b", "c9", "c10"]),
+    ("rack[1-2]-n[1-2]", ["rack1-n1", "rack1-n2", "rack2-n1", "rack2-n2"]),
+])
+def test_expand_hostlist(nodelist, hosts):
+    assert expand_hostlist(nodelist) == hosts
+
+
+def test_expand_tasks_per_node():
+    assert expand_tasks_per_node("4(x2),2") == [4, 4, 2]
+    assert expand_tasks_per_node("1") == [1]
+    with pytest.raises(ValueError, match="unrecognised"):
+        expand_tasks_per_node("4x2")
+
+
+def test_allocation_from_slurm_and_mismatch():
+    alloc = allocation_from_slurm({"SLURM_JOB_NODELIST": "gpu[1-2]", "SLURM_TASKS_PER_NODE": "4(x2)"})
+    assert alloc.hosts == (("gpu1", 4), ("gpu2", 4)) and alloc.world_size == 8
+    with pytest.raises(ValueError, match="2 hosts"):
+        allocation_from_slurm({"SLURM_JOB_NODELIST": "gpu[1-2]", "SLURM_TASKS_PER_NODE": "4"})
+
+
+PLAN = dict(
+    allocation=Allocation((("gpu01", 4), ("gpu02", 4))),
+    worker=["/venv/bin/python", "-m", "hpc_train.runtime.worker", "/runs/r n"],
+    env={"NCCL_DEBUG": "INFO", "OMP_NUM_THREADS": "1", "ODD": "a b;$(rm -rf ~)"},
+    extra_args=["-mca", "btl", "^openib"],
+)
+
+
+@pytest.mark.parametrize("flavour", ["openmpi", "mpich", "intel"])
+def test_mpirun_argv_golden(flavour):
+    check_golden(f"mpirun_{flavour}.txt", mpirun_argv(LaunchPlan(flavour=flavour, **PLAN)))
+
+
+def test_openmpi_as_root_and_values_stay_single_arguments():
+    argv = mpirun_argv(LaunchPlan(flavour="openmpi", as_root=True, **PLAN))
+    assert "--allow-run-as-root" in argv
+    assert "ODD=a b;$(rm -rf ~)" in argv        # one argv element: no shell ever sees it
+    assert argv[-4:] == PLAN["worker"]
+
+
+def test_unknown_flavour_and_uneven_intel():
+    with pytest.raises(ValueError, match="unknown MPI flavour"):
+        mpirun_argv(LaunchPlan(flavour="lam", **PLAN))
+    uneven = {**PLAN, "allocation": Allocation((("a", 4), ("b", 2)))}
+    with pytest.raises(ValueError, match="same ranks on every host"):
+        mpirun_argv(LaunchPlan(flavour="intel", **uneven))
+
+
+def test_inherited_keeps_only_variables_that_are_set():
+    from hpc_train.launch.argv import inherited
+
+    assert inherited({"PATH": "/bin", "SLURM_JOB_ID": "7", "OTHER": "x"}) == ("PATH", "SLURM_JOB_ID")
