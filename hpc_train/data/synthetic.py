@@ -13,7 +13,7 @@ from torch.utils.data import Dataset
 
 class SyntheticImages(Dataset):
     def __init__(self, num_samples: int, num_classes: int, image_size: int, seed: int = 0,
-                 noise: float = 1.0, first_index: int = 0):
+                 noise: float = 2.0, first_index: int = 0):
         # first_index: a split's place in the sample space (validation draws other samples of
         # the same classes by starting far from the training indices).
         self.first_index = first_index

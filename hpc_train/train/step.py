@@ -34,6 +34,6 @@ def optimizer_step(model: torch.nn.Module, optimizer, micro_batches: Sequence[tu
     applied = precision.step(optimizer, **hooks)
     precision.update()
     # Zero even after a skipped step: a kept inf gradient would skip every step after it.
-    optimizer.zero_grad(set_to_none=True)
+    optimizer.zero_grad()  # set_to_none is torch's default; Horovod's wrapper takes no arguments
     return total, applied
 

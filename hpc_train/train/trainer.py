@@ -37,9 +37,13 @@ def pick_device(spec, identity: RankInfo) -> torch.device:
 
 
 def parameters_digest(model: torch.nn.Module) -> str:
-    """sha256 of every parameter's bytes: equal digests mean bit-identical replicas."""
+    """sha256 of every trainable parameter: equal digests mean bit-identical replicas.
+
+    Buffers are left out on purpose: BatchNorm running statistics are per rank under Horovod
+    (each rank normalises its own batches), while the weights must agree exactly.
+    """
     digest = hashlib.sha256()
-    for name, tensor in sorted(model.state_dict().items()):
+    for name, tensor in sorted(model.named_parameters()):
         digest.update(name.encode())
         digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
     return digest.hexdigest()

@@ -1,0 +1,83 @@
+"""Helpers for end-to-end tests: submit through the real CLI and read a run directory."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from hpc_train.rundir import RunPaths, read_jsonl
+from tests.conftest import REPO
+
+
+def cli(*args: str, env=None, timeout: float = 120, cwd=REPO) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "hpc_train", *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=cwd, env=env)
+
+
+SLURM_COMMANDS = ("sbatch", "srun", "salloc", "squeue", "sinfo", "sacct", "scontrol", "scancel")
+
+
+def path_without(bin_dir: Path, tools: tuple[str, ...] = SLURM_COMMANDS,
+                 replacements: dict[str, str] | None = None) -> str:
+    """A PATH like this one minus `tools` (a login node without Slurm, say), built as a folder
+    of symlinks; `replacements` adds scripts of our own under those names."""
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    for name, script in (replacements or {}).items():
+        (bin_dir / name).write_text(script)
+        (bin_dir / name).chmod(0o755)
+    for directory in os.environ["PATH"].split(os.pathsep):
+        if not Path(directory).is_dir():
+            continue
+        for tool in Path(directory).iterdir():
+            target = bin_dir / tool.name
+            if tool.name not in tools and not target.exists() and not target.is_symlink():
+                target.symlink_to(tool)
+    return str(bin_dir)
+
+
+def submit(spec_file: str, root: Path, *overrides: str, env=None) -> tuple[str, RunPaths]:
+    """`python -m hpc_train submit` -> (job id, run paths); fails the test on a non-zero exit."""
+    args = ["submit", spec_file, "--set", f"run.root={root}"]
+    for override in overrides:
+        args += ["--set", override]
+    out = cli(*args, env=env)
+    assert out.returncode == 0, out.stderr
+    job_id = re.search(r"^job id:\s+(\S+)$", out.stdout, re.M).group(1)
+    run_dir = re.search(r"^run dir:\s+(.+)$", out.stdout, re.M).group(1)
+    return job_id, RunPaths(Path(run_dir))
+
+
+def events(paths: RunPaths, name: str | None = None) -> list[dict]:
+    return [e for e in read_jsonl(paths.events) if name is None or e["event"] == name]
+
+
+def train_losses(paths: RunPaths) -> list[float]:
+    return [m["loss"] for m in read_jsonl(paths.metrics) if m.get("split") != "val"]
+
+
+def assert_trained(paths: RunPaths, ranks: int = 2) -> None:
+    """The run-directory contract of a finished data-parallel run, and a run that learned."""
+    for path in (paths.spec, paths.events, paths.metrics):
+        assert path.is_file(), path
+    for rank in range(ranks):
+        log = paths.rank_log(rank)
+        assert log.is_file() and f"rank {rank} done" in log.read_text(), log
+    finished = events(paths, "rank_finished")
+    assert sorted(e["rank"] for e in finished) == list(range(ranks))
+    assert len({e["params_sha256"] for e in finished}) == 1, "replicas ended with different weights"
+    losses = train_losses(paths)
+    assert len(losses) >= 2 and losses[-1] < 0.5 * losses[0], losses
+    assert events(paths, "finished")[-1]["status"] == "completed"
+
+
+def describe_failure(paths: RunPaths, lines: int = 15) -> str:
+    """The tails of the driver's and every rank's log: what a failed assertion should show."""
+    parts = []
+    for log in [*sorted(paths.submitit.glob("*.err")), *sorted(paths.root.glob("slurm-*.out")),
+                *sorted(paths.logs.glob("rank-*.log"))]:
+        tail = log.read_text(errors="replace").splitlines()[-lines:]
+        parts.append(f"--- {log}\n" + "\n".join(tail))
+    return "\n".join(parts) or f"no logs under {paths.root}"

@@ -1,0 +1,89 @@
+"""`submit jobs/smoke.yaml` on the real Slurm: Horovod ranks under mpirun, end to end.
+
+Variants (DDP, FP16, accumulation) are submitted together and then awaited, so the single
+node runs them side by side.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+
+import pytest
+
+from hpc_train.rundir import RunPaths, read_jsonl
+from tests.runs import assert_trained, cli, describe_failure, events, path_without, submit
+
+pytestmark = [pytest.mark.slurm, pytest.mark.mpi, pytest.mark.horovod, pytest.mark.slow]
+
+VARIANTS = {
+    "horovod-fp32": [],
+    "ddp": ["parallel.backend=ddp", "optim.epochs=1", "log.every_steps=4"],
+    "horovod-fp16": ["precision.mode=fp16", "parallel.compression=fp16", "optim.epochs=1", "log.every_steps=4"],
+    "horovod-bf16": ["precision.mode=bf16", "optim.epochs=1", "log.every_steps=4"],
+    "horovod-accumulation-2": ["parallel.accumulation=2", "data.batch_size=16", "optim.epochs=1", "log.every_steps=4"],
+}
+
+
+@pytest.fixture(scope="module")
+def submitted(slurm_cluster, tmp_path_factory):
+    root = tmp_path_factory.mktemp("runs")
+    jobs = {}
+    for name, overrides in VARIANTS.items():
+        job_id, paths = submit("jobs/smoke.yaml", root, f"run.name={name}", *overrides)
+        slurm_cluster.job_ids.append(job_id)
+        jobs[name] = (job_id, paths)
+    return jobs
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_smoke_job_trains_to_completion(variant, submitted, slurm_cluster):
+    job_id, paths = submitted[variant]
+    state = slurm_cluster.wait_state(job_id, {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"}, timeout=400)
+    assert state == "COMPLETED", describe_failure(paths)
+    assert_trained(paths)
+    assert paths.sbatch.is_file() and "#SBATCH --signal=B:USR2@60" in paths.sbatch.read_text()
+    started = events(paths, "started")[0]
+    assert started["ranks"] == 2 and started["job_id"] == job_id
+    assert "mpirun" in started["argv"][0]
+
+
+def test_submitted_script_follows_the_one_driver_pattern(submitted):
+    _, paths = submitted["horovod-fp32"]
+    script = paths.sbatch.read_text()
+    for line in ("#SBATCH --ntasks-per-node=2", "#SBATCH --requeue", "#SBATCH --open-mode=append",
+                 "#SBATCH --signal=B:USR2@60"):
+        assert line in script.splitlines(), line
+    assert "srun" not in script                     # one driver, not N copies through srun
+    assert "\nexec " in script                      # USR2 reaches Python, not a bash that dies
+
+
+def test_rendered_script_runs_with_plain_sbatch(slurm_cluster, tmp_path):
+    script = tmp_path / "job.sbatch"
+    out = cli("render", "jobs/smoke.yaml", "-o", str(script), "--set", f"run.root={tmp_path}/runs",
+              "--set", "run.name=rendered", "--set", "optim.epochs=1", "--set", "log.every_steps=4")
+    assert out.returncode == 0, out.stderr
+    run_dir = next((tmp_path / "runs").glob("rendered-*"))
+    job_id = slurm_cluster.sbatch(str(script))
+    state = slurm_cluster.wait_state(job_id, {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"}, timeout=400)
+    assert state == "COMPLETED", describe_failure(RunPaths(run_dir))
+    assert_trained(RunPaths(run_dir))
+    assert (run_dir / f"slurm-{job_id}.out").is_file()
+
+
+def test_without_sbatch_submit_runs_locally(tmp_path):
+    # This machine's PATH minus the Slurm client commands: a login node without Slurm.
+    env = {**os.environ, "PATH": path_without(tmp_path / "bin")}
+    assert subprocess.run(["which", "sbatch"], env=env, capture_output=True).returncode != 0
+    out = cli("submit", "jobs/smoke.yaml", "--set", f"run.root={tmp_path}/runs",
+              "--set", "optim.max_steps=4", "--set", "log.every_steps=2", env=env)
+    assert out.returncode == 0, out.stderr
+    assert "local executor" in out.stderr
+    run_dir = next((tmp_path / "runs").glob("smoke-*"))
+    paths = RunPaths(run_dir)
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and not events(paths, "finished"):
+        time.sleep(1)
+    assert events(paths, "finished")[-1]["status"] == "completed", describe_failure(paths)
+    assert [m["step"] for m in read_jsonl(paths.metrics) if "split" not in m] == [2, 4]

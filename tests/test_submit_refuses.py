@@ -1,0 +1,40 @@
+"""Every wrong spec is refused by `submit` with exit 2, and nothing reaches sbatch."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from tests.runs import cli, path_without
+from tests.test_spec import BAD_SPECS
+
+SPY = '#!/bin/sh\necho "$@" >> "$(dirname "$0")/../sbatch-called"\necho "Submitted batch job 999"\n'
+
+
+@pytest.fixture(scope="module")
+def spy_env(tmp_path_factory):
+    """PATH whose `sbatch` only records that it was called."""
+    root = tmp_path_factory.mktemp("spy")
+    return root, {**os.environ, "PATH": path_without(root / "bin", replacements={"sbatch": SPY, "srun": "#!/bin/sh\n"})}
+
+
+@pytest.mark.parametrize("bad_spec", BAD_SPECS, ids=lambda p: p.stem)
+@pytest.mark.parametrize("dry_run", [False, True], ids=["submit", "dry-run"])
+def test_bad_spec_never_reaches_sbatch(bad_spec, dry_run, spy_env, tmp_path):
+    root, env = spy_env
+    expected = bad_spec.read_text().splitlines()[0].removeprefix("# expect:").strip()
+    out = cli("submit", str(bad_spec), *(["--dry-run"] if dry_run else []), env=env, cwd=tmp_path)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert expected in out.stderr
+    assert "Traceback" not in out.stderr
+    assert not (root / "sbatch-called").exists()
+    assert not (tmp_path / "runs").exists()          # no run directory either
+
+
+def test_spy_records_a_valid_submission(spy_env, tmp_path):
+    # The same setup does see a good spec reach sbatch: the refusals above are not vacuous.
+    root, env = spy_env
+    out = cli("submit", "jobs/smoke.yaml", "--set", f"run.root={tmp_path}/runs", env=env)
+    assert (root / "sbatch-called").exists(), out.stderr
+    (root / "sbatch-called").unlink()

@@ -1,0 +1,49 @@
+"""Run under mpirun: accumulation 2 x B on each of N ranks vs. one process on the whole batch.
+
+argv: BACKEND (horovod | ddp). Prints one JSON line per rank with the largest parameter
+difference from the single-process reference after a few optimizer steps.
+"""
+
+import copy
+import json
+import os
+import sys
+
+import torch
+
+from hpc_train.parallel.data_parallel import make_backend
+from hpc_train.runtime.identity import rank_from_env
+from hpc_train.train.precision import Precision
+from hpc_train.train.step import optimizer_step
+
+STEPS, ACCUMULATION, BATCH, FEATURES, CLASSES = 3, 2, 4, 8, 3
+
+identity = rank_from_env(os.environ)
+backend = make_backend(sys.argv[1], identity, torch.device("cpu"))
+torch.manual_seed(0)
+# No BatchNorm: batch statistics would make 2 x B and 2B legitimately different.
+model = torch.nn.Sequential(torch.nn.Linear(FEATURES, 16), torch.nn.Tanh(), torch.nn.Linear(16, CLASSES))
+reference = copy.deepcopy(model)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+model, optimizer = backend.prepare(model, optimizer, accumulation=ACCUMULATION, compression="none")
+criterion = torch.nn.CrossEntropyLoss()
+
+data = torch.Generator().manual_seed(1)
+shape = (STEPS, identity.size, ACCUMULATION, BATCH)
+inputs = torch.randn(*shape, FEATURES, generator=data)
+labels = torch.randint(CLASSES, shape, generator=data)
+
+precision = Precision("fp32", "cpu")
+for step in range(STEPS):
+    micro = [(inputs[step, identity.rank, k], labels[step, identity.rank, k]) for k in range(ACCUMULATION)]
+    optimizer_step(model, optimizer, micro, criterion, precision, backend)
+
+reference_opt = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9)
+for step in range(STEPS):
+    reference_opt.zero_grad()
+    criterion(reference(inputs[step].reshape(-1, FEATURES)), labels[step].reshape(-1)).backward()
+    reference_opt.step()
+
+diff = max((a - b).abs().max().item() for a, b in zip(model.parameters(), reference.parameters()))
+print(json.dumps({"rank": identity.rank, "max_diff": diff}), flush=True)
+backend.shutdown()
