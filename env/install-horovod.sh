@@ -77,7 +77,7 @@ else
 fi
 
 "$py" -m pip install -q --no-deps --force-reinstall "$wheel_dir"/horovod-*.whl
-"$py" -m pip install -q cloudpickle psutil pyyaml packaging
+"$py" -m pip install -q cloudpickle psutil pyyaml packaging "cffi>=1.4.0"  # horovod's runtime requirements
 "$py" -c 'import horovod, horovod.torch as hvd
 ops = [name for name, built in (("MPI", hvd.mpi_built()), ("Gloo", hvd.gloo_built()), ("NCCL", hvd.nccl_built())) if built]
 print("[install-horovod] installed horovod", horovod.__version__, "with PyTorch +", " + ".join(ops))'

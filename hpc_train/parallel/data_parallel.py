@@ -53,6 +53,9 @@ class HorovodBackend:
     def allreduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
         return self.hvd.allreduce(tensor, op=self.hvd.Sum)
 
+    def barrier(self) -> None:
+        self.hvd.barrier()
+
     def shutdown(self) -> None:
         self.hvd.shutdown()
 
@@ -93,6 +96,9 @@ class DdpBackend:
         tensor = tensor.clone()
         self.dist.all_reduce(tensor)
         return tensor
+
+    def barrier(self) -> None:
+        self.dist.barrier()
 
     def shutdown(self) -> None:
         self.dist.destroy_process_group()

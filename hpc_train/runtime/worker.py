@@ -14,6 +14,7 @@ from pathlib import Path
 
 from hpc_train.rundir import RunPaths, record_event
 from hpc_train.runtime.identity import rank_from_env
+from hpc_train.runtime.stop import STOP_EXIT, StopFlag
 
 
 def redirect_output(path: Path) -> None:
@@ -42,6 +43,8 @@ def main(argv: list[str] | None = None) -> int:
     paths = RunPaths(Path(args[0]))
     identity = rank_from_env(os.environ)
     redirect_output(paths.rank_log(identity.rank))
+    # Handlers first: a USR2/TERM that arrives while torch is still importing must not kill us.
+    stop = StopFlag.from_env()
     setup_logging(identity.rank)
     log = logging.getLogger("hpc_train.worker")
     log.info("rank %d/%d (local %d) pid %d on %s", identity.rank, identity.size,
@@ -49,9 +52,16 @@ def main(argv: list[str] | None = None) -> int:
     try:
         # Heavy imports after the redirect: an import error lands in this rank's log too.
         from hpc_train.spec import load_spec
+        from hpc_train.train.checkpointing import StopForRequeue
         from hpc_train.train.trainer import Trainer
 
-        Trainer(load_spec(paths.spec), paths, identity).fit()
+        trainer = Trainer(load_spec(paths.spec), paths, identity, stop)
+        try:
+            trainer.fit()
+        except StopForRequeue as stop:
+            log.info("rank %d stopped (%s) after saving; exit %d", identity.rank, stop, STOP_EXIT)
+            trainer.backend.shutdown()
+            return STOP_EXIT
     except BaseException as exc:  # noqa: BLE001 - every failure is recorded, then re-raised
         log.error("rank %d failed:\n%s", identity.rank, traceback.format_exc())
         record_event(paths, "rank_failed", rank=identity.rank, error=f"{type(exc).__name__}: {exc}",

@@ -20,7 +20,9 @@ from pathlib import Path
 from hpc_train.errors import LaunchError
 from hpc_train.launch.allocation import Allocation, allocation_from_slurm, local_allocation
 from hpc_train.launch.argv import LaunchPlan, inherited, mpirun_argv
-from hpc_train.rundir import RunPaths, record_event
+from hpc_train.rundir import RunPaths, read_jsonl, record_event
+from hpc_train.runtime.stop import DEADLINE_ENV
+from hpc_train.slurm.requeue import Decision, decide, job_end_time, requeue
 from hpc_train.spec import JobSpec, load_spec
 
 log = logging.getLogger("hpc_train.driver")
@@ -45,7 +47,23 @@ def current_allocation(spec: JobSpec, environ) -> Allocation:
     return allocation
 
 
-def launch_plan(spec: JobSpec, paths: RunPaths, allocation: Allocation, environ) -> LaunchPlan:
+def under_slurm(environ) -> bool:
+    return environ.get("SUBMITIT_EXECUTOR") != "local" and "SLURM_JOB_ID" in environ
+
+
+def stop_deadline(spec: JobSpec, environ, started: float) -> float | None:
+    """When the ranks must stop by themselves: the job's end minus the signal's lead time.
+
+    Slurm's own end time where it can be had, else our start plus the limit (an upper bound
+    that still saves before the kill, since the job started before the driver did)."""
+    if not under_slurm(environ):
+        return None
+    end = job_end_time(environ["SLURM_JOB_ID"], environ) or started + spec.time_seconds
+    return end - spec.slurm.signal_seconds
+
+
+def launch_plan(spec: JobSpec, paths: RunPaths, allocation: Allocation, environ,
+                deadline: float | None = None) -> LaunchPlan:
     mpirun = shutil.which("mpiexec" if spec.launch.mpi == "mpich" else "mpirun")
     if mpirun is None:
         raise LaunchError("mpirun is not on PATH in the job: add your MPI module to slurm.setup")
@@ -54,6 +72,8 @@ def launch_plan(spec: JobSpec, paths: RunPaths, allocation: Allocation, environ)
         "MASTER_PORT": str(rendezvous_port(environ.get("SLURM_JOB_ID"))),
         **spec.launch.env,
     }
+    if deadline is not None:
+        env[DEADLINE_ENV] = f"{deadline:.0f}"
     return LaunchPlan(
         flavour=spec.launch.mpi, allocation=allocation, env=env,
         worker=[sys.executable, "-m", "hpc_train.runtime.worker", str(paths.root)],
@@ -72,25 +92,38 @@ class _StopForwarder:
     def _handle(self, signum, _frame) -> None:
         if self.reason is None:
             self.reason = signal.Signals(signum).name
-            # Open MPI forwards SIGTERM/USR2 to the ranks; they stop at a step boundary.
-            self.process.send_signal(signum)
+            # Always USR2 to mpirun: Open MPI passes USR1/USR2 on to the ranks, but treats a
+            # SIGTERM as "abort the job" and kills the ranks (and their data workers) before
+            # they can save. The ranks stop at a step boundary either way.
+            self.process.send_signal(signal.SIGUSR2)
 
     def restore(self) -> None:
         for sig, handler in self.previous.items():
             signal.signal(sig, handler)
 
 
-def run_driver(run_dir: str | Path) -> int:
-    """Start the ranks, wait for them, record the outcome. Returns mpirun's exit status."""
+def _failed_runs(paths: RunPaths) -> int:
+    return sum(1 for e in read_jsonl(paths.events)
+               if e["event"] == "requeued" and e.get("reason", "").startswith("failure"))
+
+
+def _ranks_stop_reason(paths: RunPaths, since: float) -> str | None:
+    stops = [e for e in read_jsonl(paths.events) if e["event"] == "stop_saved" and e["time"] >= since]
+    return stops[-1].get("reason") if stops else None
+
+
+def run_driver(run_dir: str | Path) -> Decision:
+    """Start the ranks, wait for them, then finish, fail or requeue the job; returns what it did."""
     paths = RunPaths(Path(run_dir))
     spec = load_spec(paths.spec)
     environ = dict(os.environ)
+    started = time.time()
     allocation = current_allocation(spec, environ)
-    argv = mpirun_argv(launch_plan(spec, paths, allocation, environ))
+    deadline = stop_deadline(spec, environ, started)
+    argv = mpirun_argv(launch_plan(spec, paths, allocation, environ, deadline))
     record_event(paths, "started", hosts=list(allocation.host_names), ranks=allocation.world_size,
-                 argv=argv)
+                 deadline=deadline, argv=argv)
     log.info("starting %d ranks: %s", allocation.world_size, " ".join(argv))
-    start = time.monotonic()
     process = subprocess.Popen(argv)
     forwarder = _StopForwarder(process)
     try:
@@ -105,12 +138,27 @@ def run_driver(run_dir: str | Path) -> int:
                 process.terminate()
     finally:
         forwarder.restore()
-    elapsed = round(time.monotonic() - start, 1)
     if forwarder.reason:
-        record_event(paths, "stop_requested", reason=forwarder.reason, returncode=returncode)
-    record_event(paths, "finished", returncode=returncode, seconds=elapsed,
-                 status="completed" if returncode == 0 else "failed")
-    return returncode
+        record_event(paths, "stop_requested", reason=forwarder.reason, source="driver signal")
+    decision = decide(
+        returncode, stop_reason=_ranks_stop_reason(paths, started) or forwarder.reason,
+        restarts=int(environ.get("SLURM_RESTART_COUNT") or 0), failed_runs=_failed_runs(paths),
+        max_requeues=spec.checkpoint.max_requeues,
+        retries_on_failure=spec.checkpoint.retries_on_failure, can_requeue=under_slurm(environ))
+    seconds = round(time.time() - started, 1)
+    if decision.action == "requeue":
+        done, detail = requeue(environ["SLURM_JOB_ID"])
+        record_event(paths, "requeued", reason=decision.reason, by_driver=done, detail=detail,
+                     returncode=returncode, seconds=seconds)
+    else:
+        record_event(paths, "finished", status=decision.action, reason=decision.reason,
+                     returncode=returncode, seconds=seconds)
+    log.info("ranks exited %d: %s (%s)", returncode, decision.action, decision.reason)
+    return decision
+
+
+def _exit_status(decision: Decision) -> int:
+    return {"completed": 0, "requeue": 0, "stopped": 75}.get(decision.action, 1)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -120,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
         print("usage: python -m hpc_train.slurm.driver RUN_DIR", file=sys.stderr)
         return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s driver %(levelname)s %(message)s")
-    return run_driver(args[0])
+    return _exit_status(run_driver(args[0]))
 
 
 class Driver:
@@ -131,10 +179,10 @@ class Driver:
 
     def __call__(self) -> int:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s driver %(levelname)s %(message)s")
-        returncode = run_driver(self.run_dir)
-        if returncode != 0:
-            raise LaunchError(f"ranks failed (mpirun exit {returncode}); see {self.run_dir}/logs/")
-        return returncode
+        decision = run_driver(self.run_dir)
+        if decision.action in ("failed", "stopped"):
+            raise LaunchError(f"{decision.action}: {decision.reason}; see {self.run_dir}/logs/")
+        return decision.action
 
 
 if __name__ == "__main__":

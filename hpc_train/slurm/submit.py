@@ -73,12 +73,15 @@ def planned_script(spec: JobSpec, run_dir: Path, python: str = sys.executable) -
     return executor._make_submission_file_text(executor._submitit_command_str, "dry-run")
 
 
-def submit(spec: JobSpec, python: str = sys.executable, use_slurm: bool | None = None) -> Submission:
+def submit(spec: JobSpec, python: str = sys.executable, use_slurm: bool | None = None,
+           paths: RunPaths | None = None) -> Submission:
+    """Submit `spec` as a new run, or again into an existing run directory (`resume`)."""
     from hpc_train.slurm.driver import Driver
 
     use_slurm = shutil.which("sbatch") is not None if use_slurm is None else use_slurm
-    paths = RunPaths.new(spec.run.root, spec.run.name)
-    paths.spec.write_text(dump_spec_yaml(spec))
+    if paths is None:
+        paths = RunPaths.new(spec.run.root, spec.run.name)
+        paths.spec.write_text(dump_spec_yaml(spec))
     make = slurm_executor if use_slurm else local_executor
     try:
         job = make(spec, paths, python).submit(Driver(paths.root))

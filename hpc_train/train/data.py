@@ -1,41 +1,73 @@
-"""Data loaders for a rank, from the spec (synthetic now; HDF5 shards plug in here)."""
+"""Data loaders of one rank, from the spec: synthetic images or HDF5 shards.
+
+Training order comes from `ResumableBlockSampler` (same global order for every world size, exact
+mid-epoch resume from one number); validation covers every sample once (`ValidationSampler`).
+"""
 
 from __future__ import annotations
 
+import signal
+from pathlib import Path
+
 from torch.utils.data import DataLoader
 
-from hpc_train.data.sampler import EvenShardSampler
-from hpc_train.data.synthetic import SyntheticImages
+from hpc_train.data.sampler import ResumableBlockSampler, ValidationSampler
 from hpc_train.errors import DataError
 
 VAL_FIRST_INDEX = 1 << 40
 
 
-def _loader(dataset, sampler, data_spec, pin: bool) -> DataLoader:
+def ignore_stop_signals(_worker_id: int) -> None:
+    """DataLoader worker init: the rank decides when to stop. Slurm signals every process of a
+    job (preemption, scancel), and a worker killed by that SIGTERM would crash its rank before
+    it saves; the rank shuts its workers down itself, and Slurm's final SIGKILL still applies."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGUSR2, signal.SIG_IGN)
+
+
+def _loader(dataset, sampler, data_spec, pin: bool, drop_last: bool) -> DataLoader:
     workers = data_spec.workers
-    return DataLoader(dataset, batch_size=data_spec.batch_size, sampler=sampler, drop_last=True,
-                      num_workers=workers, pin_memory=pin,
+    return DataLoader(dataset, batch_size=data_spec.batch_size, sampler=sampler, drop_last=drop_last,
+                      num_workers=workers, pin_memory=pin, worker_init_fn=ignore_stop_signals,
                       multiprocessing_context=data_spec.start_method if workers else None,
                       persistent_workers=workers > 0)
 
 
-def build_loaders(spec, rank: int, size: int, pin: bool) -> tuple[DataLoader, DataLoader | None]:
+def _datasets(spec):
     data = spec.data
-    if data.kind != "synthetic":
-        raise DataError(f"data.kind {data.kind!r} is not readable yet: use data.kind: synthetic")
-    per_step = data.batch_size * size * spec.parallel.accumulation
-    train_samples = data.train_samples or per_step * 100
-    train = SyntheticImages(train_samples, data.num_classes, data.image_size, seed=spec.run.seed)
-    train_sampler = EvenShardSampler(train_samples, rank, size, seed=spec.run.seed)
-    if len(train_sampler) < data.batch_size * spec.parallel.accumulation:
-        raise DataError(f"{train_samples} training samples give each of {size} ranks "
-                        f"{len(train_sampler)}, fewer than one step of "
-                        f"{data.batch_size} x {spec.parallel.accumulation}")
+    if data.kind == "synthetic":
+        from hpc_train.data.synthetic import SyntheticImages
+
+        train_samples = data.train_samples or spec.global_batch * 100
+        train = SyntheticImages(train_samples, data.num_classes, data.image_size, seed=spec.run.seed)
+        val = None
+        if data.val_samples:
+            # Same class patterns, other samples: validation never sees a training image.
+            val = SyntheticImages(data.val_samples, data.num_classes, data.image_size,
+                                  seed=spec.run.seed, first_index=VAL_FIRST_INDEX)
+        return train, val
+    from hpc_train.data.shard_dataset import ShardedImages
+    from hpc_train.data.transforms import TrainTransform, ValTransform
+
+    root = Path(data.path)
+    train = ShardedImages(root, "train", TrainTransform(data.image_size))
+    if len(train.class_names) != data.num_classes:
+        raise DataError(f"{root}/train has {len(train.class_names)} classes but data.num_classes is "
+                        f"{data.num_classes}: set data.num_classes: {len(train.class_names)}")
+    val = ShardedImages(root, "val", ValTransform(data.image_size)) if (root / "val").is_dir() else None
+    return train, val
+
+
+def build_loaders(spec, rank: int, size: int, pin: bool) -> tuple[DataLoader, DataLoader | None]:
+    train, val = _datasets(spec)
+    try:
+        sampler = ResumableBlockSampler(len(train), rank, size, spec.data.batch_size, seed=spec.run.seed)
+    except ValueError as exc:
+        raise DataError(f"training data too small: {exc}") from None
+    if sampler.batches_per_epoch < spec.parallel.accumulation:
+        raise DataError(f"{len(train)} training samples make {sampler.batches_per_epoch} batches per "
+                        f"epoch, fewer than one step of {spec.parallel.accumulation} accumulated batches")
     val_loader = None
-    if data.val_samples:
-        # Same class patterns, other samples: validation never sees a training image.
-        val = SyntheticImages(data.val_samples, data.num_classes, data.image_size,
-                              seed=spec.run.seed, first_index=VAL_FIRST_INDEX)
-        val_sampler = EvenShardSampler(data.val_samples, rank, size, shuffle=False)
-        val_loader = _loader(val, val_sampler, data, pin)
-    return _loader(train, train_sampler, data, pin), val_loader
+    if val is not None and len(val):
+        val_loader = _loader(val, ValidationSampler(len(val), rank, size), spec.data, pin, drop_last=False)
+    return _loader(train, sampler, spec.data, pin, drop_last=True), val_loader

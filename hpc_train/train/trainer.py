@@ -17,7 +17,11 @@ import torch
 from hpc_train.models import build_model
 from hpc_train.parallel.data_parallel import make_backend
 from hpc_train.rundir import RunPaths, append_jsonl, record_event
+from hpc_train.runtime.faults import FaultInjector
 from hpc_train.runtime.identity import RankInfo
+from hpc_train.runtime.stop import StopFlag
+from hpc_train.spec import spec_to_dict
+from hpc_train.train.checkpointing import Checkpointing
 from hpc_train.train.data import build_loaders
 from hpc_train.train.meters import Window
 from hpc_train.train.optim import build_optimizer
@@ -50,8 +54,11 @@ def parameters_digest(model: torch.nn.Module) -> str:
 
 
 class Trainer:
-    def __init__(self, spec, paths: RunPaths, identity: RankInfo):
+    def __init__(self, spec, paths: RunPaths, identity: RankInfo, stop: StopFlag | None = None):
         self.spec, self.paths, self.identity = spec, paths, identity
+        self.spec_dict = spec_to_dict(spec)
+        self.stop = stop
+        self.faults = FaultInjector(identity.rank)
         self.device = pick_device(spec, identity)
         torch.set_num_threads(spec.slurm.cpus_per_task)
         self.backend = make_backend(spec.parallel.backend, identity, self.device)
@@ -67,7 +74,9 @@ class Trainer:
         torch.manual_seed(spec.run.seed + identity.rank)  # different augmentation per rank
         pin = spec.data.pin_memory and self.device.type == "cuda"
         self.train_loader, self.val_loader = build_loaders(spec, identity.rank, identity.size, pin)
-        self.steps_per_epoch = len(self.train_loader) // spec.parallel.accumulation
+        self.sampler = self.train_loader.sampler
+        # From the sampler, not len(loader): a resumed sampler's length counts only what is left.
+        self.steps_per_epoch = self.sampler.batches_per_epoch // spec.parallel.accumulation
         self.schedule = LrSchedule(
             peak_lr=spec.scaled_lr, steps_per_epoch=self.steps_per_epoch,
             warmup_epochs=spec.optim.warmup_epochs, total_epochs=spec.optim.epochs,
@@ -82,20 +91,25 @@ class Trainer:
         return min(total, self.spec.optim.max_steps or total)
 
     def fit(self) -> None:
-        if self.identity.is_main:
+        """Train to total_steps, resuming from the latest checkpoint; raises StopForRequeue."""
+        checkpoints = Checkpointing(self, self.stop)
+        resumed = checkpoints.resume()
+        if self.identity.is_main and not resumed:
             record_event(self.paths, "training_started", total_steps=self.total_steps,
                          steps_per_epoch=self.steps_per_epoch, world_size=self.identity.size,
                          global_batch=self.spec.global_batch, peak_lr=self.spec.scaled_lr,
                          device=str(self.device))
-        epoch = 0
         while self.step < self.total_steps:
-            self.train_epoch(epoch)
-            if self.val_loader is not None:
-                self.evaluate(epoch)
-            epoch += 1
+            epoch, done_in_epoch = divmod(self.step, self.steps_per_epoch)
+            self.train_epoch(epoch, done_in_epoch, checkpoints)
+        checkpoints.save("final")
         record_event(self.paths, "rank_finished", rank=self.identity.rank, step=self.step,
                      params_sha256=parameters_digest(self.model))
         self.backend.shutdown()
+
+    def consumed_in_epoch(self, steps_in_epoch: int) -> int:
+        """Global samples of the epoch's order trained by `steps_in_epoch` optimizer steps."""
+        return steps_in_epoch * self.spec.parallel.accumulation * self.sampler.global_batch
 
     def _micro_batches(self, batches):
         accumulation = self.spec.parallel.accumulation
@@ -107,12 +121,13 @@ class Trainer:
                 yield group
                 group = []
 
-    def train_epoch(self, epoch: int) -> None:
-        self.train_loader.sampler.set_epoch(epoch)
+    def train_epoch(self, epoch: int, done_in_epoch: int, checkpoints: Checkpointing) -> None:
+        """The rest of `epoch` from step `done_in_epoch` on: the sampler skips what was trained."""
+        self.sampler.set_epoch(epoch, self.consumed_in_epoch(done_in_epoch))
         self.model.train()
         window = Window()
         steps = self._micro_batches(self.train_loader)
-        for _ in range(self.steps_per_epoch):
+        for in_epoch in range(done_in_epoch, self.steps_per_epoch):
             if self.step >= self.total_steps:
                 break
             fetch_start = time.perf_counter()
@@ -123,10 +138,15 @@ class Trainer:
                                            self.criterion, self.precision, self.backend,
                                            self.spec.optim.grad_clip)
             self.step += 1
+            self.faults.at_step(self.step)
             window.add(loss, data_seconds, applied)
             if self.step % self.spec.log.every_steps == 0 or self.step == self.total_steps:
                 self._log(epoch, lr, window)
                 window = Window()
+            epoch_end = in_epoch == self.steps_per_epoch - 1
+            if epoch_end and self.val_loader is not None:
+                self.evaluate(epoch)
+            checkpoints.after_step(epoch_end)
 
     def _log(self, epoch: int, lr: float, window: Window) -> None:
         # One small collective per logged step: the mean loss over all ranks.

@@ -1,0 +1,1 @@
+"""Benchmarks: each reports ratios measured in one run (ours vs. a baseline)."""

@@ -1,0 +1,89 @@
+"""`python -m hpc_train bench ...` (light imports only)."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text}: must be a positive integer")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text}: must be a positive number")
+    return value
+
+
+def _data(args: argparse.Namespace) -> int:
+    from hpc_train.bench.data import main
+
+    return main(args)
+
+
+def _add_data(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "data", help="input pipeline images/s: JPEG folder vs. HDF5 shards vs. in-memory ceiling",
+        description="Measure, in one run and in alternating rounds, the images/s of the same "
+                    "decode + transform through the same DataLoader from: a folder of JPEG files "
+                    "(ImageFolder layout), our HDF5 shards (batched and item by item), raw shards "
+                    "(--raw-shards) and JPEG bytes in memory (the ceiling). Page cache: warm.")
+    p.add_argument("--src", required=True, metavar="DIR",
+                   help="the split's JPEG folder, SRC/<class>/<image> (the converter's --src)")
+    p.add_argument("--shards", required=True, metavar="DIR", help="shard root (DIR/<split>/...)")
+    p.add_argument("--raw-shards", metavar="DIR", help="a raw-encoded conversion of the same split")
+    p.add_argument("--split", default="train",
+                   help="split (default train: RandomResizedCrop; other: resize + centre crop)")
+    p.add_argument("--image-size", type=_positive, default=224, metavar="PX")
+    p.add_argument("--batch", type=_positive, default=64, metavar="N", help="batch size (64)")
+    p.add_argument("--workers", type=int, default=2, metavar="N",
+                   help="DataLoader workers per configuration (default 2; 0 = main process)")
+    p.add_argument("--start-method", choices=("fork", "forkserver", "spawn"), default=None,
+                   help="worker start method (default fork)")
+    p.add_argument("--block-size", type=_positive, default=256, metavar="N",
+                   help="sampler block size for the shards (default 256)")
+    p.add_argument("--rounds", type=_positive, default=3, metavar="N",
+                   help="alternating rounds per configuration; the median counts (default 3)")
+    budget = p.add_mutually_exclusive_group()
+    budget.add_argument("--seconds", type=_positive_float, default=8.0, metavar="S",
+                        help="measured seconds per configuration, all rounds (default 8)")
+    budget.add_argument("--images", type=_positive, default=None, metavar="N",
+                        help="images per configuration, all rounds (instead of --seconds)")
+    p.add_argument("--no-draft", action="store_true",
+                   help="decode JPEGs at full size (default: libjpeg draft to >= the needed size)")
+    p.add_argument("--uint8", action="store_true",
+                   help="transforms return uint8 CHW (normalise on the GPU) instead of float")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    p.set_defaults(handler=_data)
+
+
+def _checkpoint(args: argparse.Namespace) -> int:
+    from hpc_train.bench.checkpoint import main
+
+    return main(args)
+
+
+def _add_checkpoint(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "checkpoint", help="checkpoint save time: ours (atomic) vs. a bare torch.save",
+        description="Save the same training state with the checkpoint manager (temporary "
+                    "directory, fsync, rename, marker) and with one torch.save, in alternating "
+                    "rounds; report the medians and their ratio.")
+    p.add_argument("--model", default="resnet50", help="model whose state is saved (resnet50)")
+    p.add_argument("--rounds", type=_positive, default=5, metavar="N", help="rounds each (5)")
+    p.add_argument("--dir", metavar="DIR", help="where to write (default: the system temp dir); "
+                   "use the file system your checkpoints live on")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(handler=_checkpoint)
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    bench = commands.add_parser("bench", help="benchmarks: ours vs. a baseline, measured in one run")
+    sub = bench.add_subparsers(dest="bench_command", metavar="BENCH_COMMAND", required=True)
+    _add_data(sub)
+    _add_checkpoint(sub)

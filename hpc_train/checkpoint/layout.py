@@ -1,0 +1,53 @@
+"""Names under checkpoints/ and which checkpoints count (pure functions of the listing).
+
+    checkpoints/
+      step-00001200/            renamed into place only when every file in it is written
+        COMPLETE                written last: a checkpoint counts only with its marker
+        meta.json               step, epoch, spec hash, world size, time
+        replicated.pt           state every rank shares (model, optimizer, scaler, schedule, sampler)
+        rank-00000.pt           state that differs per rank (RNG streams)
+      .step-00001300.tmp/       a save in progress (or killed): never loaded, removed on next save
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+MARKER = "COMPLETE"
+META = "meta.json"
+REPLICATED = "replicated.pt"
+_STEP_DIR = re.compile(r"step-(\d{8,})")
+
+
+def step_dir_name(step: int) -> str:
+    return f"step-{step:08d}"
+
+
+def tmp_dir_name(step: int) -> str:
+    return f".{step_dir_name(step)}.tmp"
+
+
+def rank_file_name(rank: int) -> str:
+    return f"rank-{rank:05d}.pt"
+
+
+def complete_steps(names_with_marker: dict[str, bool]) -> list[int]:
+    """Steps of directories named step-N that have their COMPLETE marker, ascending."""
+    steps = []
+    for name, has_marker in names_with_marker.items():
+        match = _STEP_DIR.fullmatch(name)
+        if match and has_marker:
+            steps.append(int(match.group(1)))
+    return sorted(steps)
+
+
+def list_complete(root: Path) -> list[int]:
+    if not root.is_dir():
+        return []
+    return complete_steps({p.name: (p / MARKER).is_file() for p in root.iterdir() if p.is_dir()})
+
+
+def latest_complete(root: Path) -> int | None:
+    steps = list_complete(root)
+    return steps[-1] if steps else None

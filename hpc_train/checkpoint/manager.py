@@ -1,0 +1,111 @@
+"""Atomic checkpoints written by several ranks; only complete ones are ever loaded.
+
+Save protocol (every rank calls `save`, at the same step):
+  1. rank 0 removes a leftover temporary directory of that step and creates it; barrier
+  2. every rank writes its own file (state that differs per rank), fsynced; barrier
+  3. rank 0 writes the replicated state and meta.json, fsyncs, renames the directory into
+     place, writes the COMPLETE marker, fsyncs the parent, then applies retention; barrier
+A kill at any point leaves either no new directory, or one without its marker: both ignored.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+import logging
+import os
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from hpc_train.checkpoint import layout
+from hpc_train.checkpoint.retention import steps_to_delete
+from hpc_train.errors import CheckpointError
+
+log = logging.getLogger("hpc_train.checkpoint")
+
+
+def _fsync_path(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _save_file(obj, path: Path) -> None:
+    with open(path, "wb") as f:
+        torch.save(obj, f)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+class CheckpointManager:
+    def __init__(self, root: Path, rank: int, world_size: int, barrier: Callable[[], None],
+                 keep_last: int = 3, keep_every: int | None = None):
+        self.root, self.rank, self.world_size = Path(root), rank, world_size
+        self.barrier, self.keep_last, self.keep_every = barrier, keep_last, keep_every
+        self.root.mkdir(parents=True, exist_ok=True)
+
+    def latest(self) -> int | None:
+        return layout.latest_complete(self.root)
+
+    def save(self, step: int, replicated: dict, per_rank: dict, meta: dict) -> Path:
+        final = self.root / layout.step_dir_name(step)
+        tmp = self.root / layout.tmp_dir_name(step)
+        if self.rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)   # a save of this step killed earlier
+            tmp.mkdir()
+        self.barrier()
+        _save_file(per_rank, tmp / layout.rank_file_name(self.rank))
+        self.barrier()
+        if self.rank == 0 and (final / layout.MARKER).is_file():
+            # This step is saved and complete already (an explicit resume from an older step
+            # came back to it): keep the one that counts; only rank 0 decides, so no rank waits.
+            log.info("checkpoint %s exists and is complete; keeping it", final)
+            shutil.rmtree(tmp, ignore_errors=True)
+        elif self.rank == 0:
+            shutil.rmtree(final, ignore_errors=True)  # renamed but killed before its marker
+            _save_file(replicated, tmp / layout.REPLICATED)
+            (tmp / layout.META).write_text(json.dumps({**meta, "step": step,
+                                                       "world_size": self.world_size,
+                                                       "time": time.time()}, indent=1))
+            _fsync_path(tmp / layout.META)
+            _fsync_path(tmp)
+            os.replace(tmp, final)
+            marker = final / layout.MARKER
+            marker.write_text(f"{step}\n")
+            _fsync_path(marker)
+            _fsync_path(self.root)
+            self._apply_retention()
+        # Nobody leaves before rank 0 is done: a rank that exits right after a stop-save would
+        # make mpirun tear down rank 0 in the middle of writing.
+        self.barrier()
+        return final
+
+    def _apply_retention(self) -> None:
+        for step in steps_to_delete(layout.list_complete(self.root), self.keep_last, self.keep_every):
+            shutil.rmtree(self.root / layout.step_dir_name(step), ignore_errors=True)
+        for leftover in self.root.glob(".step-*.tmp"):
+            shutil.rmtree(leftover, ignore_errors=True)
+
+    def load(self, step: int | None = None) -> tuple[dict, dict | None, dict]:
+        """(replicated, this rank's own state or None, meta) of `step` (default: latest complete)."""
+        step = self.latest() if step is None else step
+        if step is None:
+            raise CheckpointError(f"no complete checkpoint under {self.root}")
+        directory = self.root / layout.step_dir_name(step)
+        if not (directory / layout.MARKER).is_file():
+            raise CheckpointError(f"{directory} is not complete (no {layout.MARKER} marker)")
+        try:
+            meta = json.loads((directory / layout.META).read_text())
+            # weights_only: a checkpoint is data; loading one must never run code.
+            replicated = torch.load(directory / layout.REPLICATED, map_location="cpu", weights_only=True)
+            own = directory / layout.rank_file_name(self.rank)
+            per_rank = torch.load(own, map_location="cpu", weights_only=True) if own.is_file() else None
+        except (OSError, RuntimeError, ValueError, EOFError, pickle.UnpicklingError) as exc:
+            raise CheckpointError(f"cannot load checkpoint {directory}: {exc}") from exc
+        return replicated, per_rank, meta

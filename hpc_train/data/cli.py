@@ -1,0 +1,154 @@
+"""`python -m hpc_train data ...`: shard, verify, info, demo (light imports only).
+
+Handlers import h5py, Pillow and numpy themselves, so `--help` and the rest of the CLI start fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text}: must be a positive integer")
+    return value
+
+
+def _shard(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from hpc_train.data.convert import ConvertOptions, convert
+
+    opts = ConvertOptions(
+        src=Path(args.src), out=Path(args.out), split=args.split,
+        labels=Path(args.labels) if args.labels else None,
+        classes=Path(args.classes) if args.classes else None,
+        shard_size=args.shard_size, encoding=args.encoding, max_side=args.max_side,
+        quality=args.quality, raw_size=args.raw_size, seed=args.seed, strict=args.strict,
+        task_index=args.task_index, task_count=args.task_count)
+    convert(opts)
+    return 0
+
+
+def _verify(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from hpc_train.data.manifest import find_split_dirs
+    from hpc_train.data.verify import verify_split
+    from hpc_train.errors import DataError
+
+    all_problems = []
+    for split_dir in find_split_dirs(Path(args.dir), args.split):
+        manifest, problems = verify_split(split_dir)
+        if problems:
+            for problem in problems:
+                print(f"problem: {problem}", file=sys.stderr)
+        else:
+            print(f"{split_dir}: OK ({len(manifest['shards'])} shards, "
+                  f"{manifest['num_samples']} samples checked)")
+        all_problems += problems
+    if all_problems:
+        raise DataError(f"verify found {len(all_problems)} problem(s) in {args.dir}; first: "
+                        f"{all_problems[0]}")
+    return 0
+
+
+def _info(args: argparse.Namespace) -> int:
+    import json
+    from pathlib import Path
+
+    from hpc_train.data.manifest import find_split_dirs
+    from hpc_train.data.verify import print_rich_info, render_info, split_info
+
+    rows = [split_info(d) for d in find_split_dirs(Path(args.dir), args.split)]
+    if args.json:
+        print(json.dumps(rows, indent=1))
+        return 0
+    text = render_info(rows, tty=sys.stdout.isatty())
+    if text is None:
+        print_rich_info(rows, title=str(args.dir))
+    else:
+        print(text)
+    return 0
+
+
+def _demo(args: argparse.Namespace) -> int:
+    import time
+    from pathlib import Path
+
+    from hpc_train.data.demo import write_demo
+
+    start = time.monotonic()
+    s = write_demo(Path(args.out), args.classes, args.per_class, args.val_per_class, args.size,
+                   args.seed)
+    print(f"wrote {s.train_files} train images in {len(s.classes)} class folders under "
+          f"{s.root / 'train'}, {s.val_files} val images in {s.root / 'val'} with labels in "
+          f"{s.root / 'val_labels.txt'} ({time.monotonic() - start:.1f} s)")
+    print(f"next: python -m hpc_train data shard --src {s.root / 'train'} --out OUT && "
+          f"python -m hpc_train data shard --src {s.root / 'val'} --labels "
+          f"{s.root / 'val_labels.txt'} --classes OUT/train/manifest.json --split val --out OUT")
+    return 0
+
+
+def _add_shard(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "shard", help="convert an image folder (ImageNet layout) into HDF5 shards",
+        description="Convert one split into HDF5 shards (docs/shard-format.md). Class folders are "
+                    "detected; a flat folder needs --labels. Under mpirun the ranks share the "
+                    "shards; in a Slurm array each task takes its part (--task-index/--task-count, "
+                    "default from SLURM_ARRAY_TASK_*). Rerunning skips finished shards.")
+    p.add_argument("--src", required=True, metavar="DIR", help="the split's image folder")
+    p.add_argument("--out", required=True, metavar="DIR", help="output root (shards go to OUT/SPLIT)")
+    p.add_argument("--split", default="train", help="split name and output subfolder (default train)")
+    p.add_argument("--labels", metavar="FILE",
+                   help="flat folder: 'filename label' lines or a CSV (ImageId,PredictionString)")
+    p.add_argument("--classes", metavar="FILE",
+                   help="class names in index order: one per line (first token), or a "
+                        "manifest.json (use train's for val)")
+    p.add_argument("--shard-size", type=_positive, default=1024, metavar="N",
+                   help="samples per shard (default 1024)")
+    p.add_argument("--encoding", choices=("jpeg", "raw"), default="jpeg",
+                   help="jpeg: original bytes (default); raw: decoded RGB, square")
+    p.add_argument("--max-side", type=_positive, default=None, metavar="PX",
+                   help="jpeg: re-encode images whose longer side exceeds PX (default: never)")
+    p.add_argument("--quality", type=int, default=90, metavar="Q", help="JPEG re-encode quality")
+    p.add_argument("--raw-size", type=_positive, default=256, metavar="PX",
+                   help="raw: resize shorter side to PX, centre-crop PXxPX (default 256)")
+    p.add_argument("--seed", type=int, default=0, help="sample order shuffle seed (default 0)")
+    p.add_argument("--strict", action="store_true", help="stop at the first unreadable image")
+    p.add_argument("--task-index", type=int, default=None, metavar="I")
+    p.add_argument("--task-count", type=int, default=None, metavar="N")
+    p.set_defaults(handler=_shard)
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    data = commands.add_parser("data", help="convert, check and describe HDF5 image shards")
+    sub = data.add_subparsers(dest="data_command", metavar="DATA_COMMAND", required=True)
+    _add_shard(sub)
+
+    verify = sub.add_parser("verify", help="recheck checksums, attributes and every image",
+                            description="Exit 0 when every shard matches its manifest and every "
+                                        "image decodes; exit 6 listing each problem otherwise.")
+    verify.add_argument("dir", metavar="DIR", help="the --out folder (or one split folder)")
+    verify.add_argument("--split", default=None, help="only this split")
+    verify.set_defaults(handler=_verify)
+
+    info = sub.add_parser("info", help="summary per split: samples, classes, shards, bytes",
+                          description="A table on a terminal, plain lines when piped.")
+    info.add_argument("dir", metavar="DIR", help="the --out folder (or one split folder)")
+    info.add_argument("--split", default=None, help="only this split")
+    info.add_argument("--json", action="store_true", help="machine-readable output")
+    info.set_defaults(handler=_info)
+
+    demo = sub.add_parser("demo", help="write a small learnable ImageNet-like image folder",
+                          description="DIR/train/<synset>/*.JPEG, DIR/val/*.JPEG and "
+                                      "DIR/val_labels.txt; deterministic from --seed.")
+    demo.add_argument("--out", required=True, metavar="DIR")
+    demo.add_argument("--classes", type=_positive, default=10)
+    demo.add_argument("--per-class", type=_positive, default=60)
+    demo.add_argument("--val-per-class", type=int, default=10)
+    demo.add_argument("--size", type=_positive, default=64, help="typical side (sizes vary +-)")
+    demo.add_argument("--seed", type=int, default=0)
+    demo.set_defaults(handler=_demo)

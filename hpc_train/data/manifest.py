@@ -1,0 +1,109 @@
+"""manifest.json, report.json and per-shard sidecars (docs/shard-format.md).
+
+Pure builders plus small readers. The manifest is a function of the plan and the sidecars only,
+so whichever writer happens to see the last sidecar writes the same file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+from hpc_train.errors import DataError
+
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+REPORT = "report.json"
+# Manifest entry keys; the sidecar holds these plus skipped_items and fingerprint.
+ENTRY_KEYS = ("file", "num_samples", "bytes", "sha256", "skipped")
+
+
+def shard_fingerprint(split: str, class_names: list[str], settings: dict,
+                      samples: list[tuple[str, int]]) -> str:
+    """What a shard's bytes depend on. A rerun whose shard would differ (new files, other
+    --shard-size, --seed, --encoding ...) finds a different fingerprint and refuses to mix."""
+    text = json.dumps([FORMAT_VERSION, split, class_names, settings, samples], sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def read_sidecar(path: Path) -> dict | None:
+    """The sidecar at path, or None when it is absent or half-written (treated as not done)."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict) or any(k not in data for k in ENTRY_KEYS):
+        return None
+    return data
+
+
+def build_manifest(split: str, encoding: str, class_names: list[str], shard_size: int,
+                   seed: int, sidecars: list[dict], raw_size: int | None = None) -> dict:
+    entries = [{k: sc[k] for k in ENTRY_KEYS} for sc in sidecars]
+    manifest = {
+        "format_version": FORMAT_VERSION,
+        "split": split,
+        "encoding": encoding,
+        "num_samples": sum(e["num_samples"] for e in entries),
+        "num_skipped": sum(e["skipped"] for e in entries),
+        "class_names": list(class_names),
+        "class_to_index": {name: i for i, name in enumerate(class_names)},
+        "shard_size": shard_size,
+        "seed": seed,
+    }
+    if raw_size is not None:
+        manifest["raw_size"] = raw_size
+    manifest["shards"] = entries
+    return manifest
+
+
+def build_report(listing_notes: dict, sidecars: list[dict]) -> dict:
+    """Skipped images with reasons, plus what the source listing left out (flat layout)."""
+    skipped = [dict(item, shard=sc["file"]) for sc in sidecars for item in sc.get("skipped_items", [])]
+    return {"num_skipped": len(skipped), "skipped": skipped, **listing_notes}
+
+
+def listing_notes(listing) -> dict:
+    """Counts and (capped) names of source files that never became samples."""
+    notes = {}
+    for name in ("unlabeled", "missing", "ignored", "empty_classes"):
+        values = getattr(listing, name)
+        notes[f"num_{name}"] = len(values)
+        notes[name] = values[:1000]  # ImageNet-sized mismatches would bloat the report
+    return notes
+
+
+def find_split_dirs(root: Path, split: str | None = None) -> list[Path]:
+    """Split folders under root (those with a manifest or sidecars); root itself if it is one."""
+    root = Path(root)
+    if not root.is_dir():
+        raise DataError(f"{root}: not a directory")
+    if (root / MANIFEST).exists() or any(root.glob("shard-*.h5.json")):
+        dirs = [root]
+    else:
+        dirs = sorted(p for p in root.iterdir() if p.is_dir() and
+                      ((p / MANIFEST).exists() or any(p.glob("shard-*.h5.json"))))
+    if split is not None:
+        dirs = [d for d in dirs if d.name == split]
+        if not dirs:
+            raise DataError(f"{root}: no split {split!r} (no {root / split / MANIFEST})")
+    if not dirs:
+        raise DataError(f"{root}: no converted split (no */{MANIFEST} or shard sidecars)")
+    return dirs
+
+
+def load_manifest(split_dir: Path) -> dict:
+    path = split_dir / MANIFEST
+    if not path.exists():
+        done = len(list(split_dir.glob("shard-*.h5.json")))
+        raise DataError(f"{path}: missing; the conversion is incomplete ({done} shard sidecars "
+                        "present). Rerun `data shard` with the same arguments to finish it")
+    try:
+        manifest = json.loads(path.read_text())
+    except ValueError as exc:
+        raise DataError(f"{path}: not valid JSON ({exc})") from exc
+    if manifest.get("format_version") != FORMAT_VERSION:
+        raise DataError(f"{path}: format_version {manifest.get('format_version')!r}, "
+                        f"this code reads {FORMAT_VERSION}")
+    return manifest

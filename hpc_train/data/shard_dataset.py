@@ -1,0 +1,231 @@
+"""`ShardedImages`: a map-style dataset over one split of HDF5 shards (docs/shard-format.md).
+
+Handles: HDF5 file ids must never cross a fork (two processes sharing one libhdf5 file state
+read garbage or crash), so files open lazily in the process that reads, the opening pid is
+recorded, a changed pid drops (never closes: the parent still owns them) the inherited handles,
+and pickling (forkserver/spawn workers) carries no handle at all. At most `max_open` files stay
+open per process: ImageNet is ~1250 shards, times workers times ranks would exceed the usual
+1024-descriptor limit.
+
+Locality: `__getitems__` (used by torch's DataLoader for a whole batch when defined) sorts the
+batch by (shard, offset) and reads each run of near offsets with one slice, then restores the
+requested order.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import os
+from collections import OrderedDict
+from pathlib import Path
+
+import h5py
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from hpc_train.data.decode import DECODE_ERRORS, decode_image
+from hpc_train.errors import DataError
+
+FORMAT_VERSION = 1
+
+
+def load_manifest(split_dir: str | os.PathLike) -> dict:
+    """The split's manifest.json, checked: known version, counts that add up."""
+    path = Path(split_dir) / "manifest.json"
+    try:
+        manifest = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise DataError(f"{path} is missing: the split is incomplete (the converter writes the "
+                        "manifest last) or the path is wrong") from None
+    except (OSError, ValueError) as exc:
+        raise DataError(f"{path} is unreadable: {exc}") from None
+    version = manifest.get("format_version")
+    if version != FORMAT_VERSION:
+        raise DataError(f"{path}: format_version {version!r} is not supported (this reader "
+                        f"reads version {FORMAT_VERSION}); convert again with this version of "
+                        "hpc_train or upgrade it")
+    if manifest.get("encoding") not in ("jpeg", "raw"):
+        raise DataError(f"{path}: encoding {manifest.get('encoding')!r} is neither jpeg nor raw")
+    counts = [int(s["num_samples"]) for s in manifest["shards"]]
+    if sum(counts) != manifest["num_samples"]:
+        raise DataError(f"{path}: shard counts add up to {sum(counts)}, "
+                        f"not num_samples {manifest['num_samples']}")
+    return manifest
+
+
+def contiguous_runs(offsets: np.ndarray, max_gap: int) -> list[tuple[int, int]]:
+    """Sorted offsets -> [(first, last)] runs whose neighbours are at most max_gap apart."""
+    if len(offsets) == 0:
+        return []
+    breaks = np.nonzero(np.diff(offsets) > max_gap)[0]
+    firsts = np.concatenate([[0], breaks + 1])
+    lasts = np.concatenate([breaks, [len(offsets) - 1]])
+    return [(int(offsets[a]), int(offsets[b])) for a, b in zip(firsts, lasts)]
+
+
+class _Shard:
+    """One open file plus the small per-record arrays read once (labels, shapes)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.file = h5py.File(path, "r")
+        self.images = self.file["images"]
+        self.labels = self.file["labels"][()]
+        self.shapes = self.file["shapes"][()]
+
+    def close(self) -> None:
+        self.file.close()
+
+
+class ShardedImages(Dataset):
+    """(image tensor, label) of global index g, from DIR/<split>/shard-*.h5.
+
+    transform(image, rng) -> tensor, with image an RGB PIL image (jpeg) or a uint8 HxWx3 array
+    (raw), e.g. TrainTransform / ValTransform; None returns the uint8 HxWx3 array itself.
+    `max_gap`: `__getitems__` reads offsets up to this far apart in one slice (records in the
+    gaps are read and discarded; 0 reads only exactly consecutive records together).
+    """
+
+    def __init__(self, root: str | os.PathLike, split: str = "train", transform=None, *,
+                 max_open: int = 64, max_gap: int = 4):
+        self.split_dir = Path(root) / split
+        self.manifest = load_manifest(self.split_dir)
+        self.encoding = self.manifest["encoding"]
+        self.class_names = list(self.manifest["class_names"])
+        self.files = [self.split_dir / s["file"] for s in self.manifest["shards"]]
+        counts = [int(s["num_samples"]) for s in self.manifest["shards"]]
+        self.starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        self._starts_list = self.starts.tolist()
+        self.transform, self.max_open, self.max_gap = transform, max_open, max_gap
+        self._draft = getattr(transform, "draft_size", None)
+        self._reset_process_state()
+
+    def _reset_process_state(self) -> None:
+        self._pid = None
+        self._open: OrderedDict[int, _Shard] = OrderedDict()
+        self._rng = None
+
+    def __len__(self) -> int:
+        return int(self.starts[-1])
+
+    def locate(self, index: int) -> tuple[int, int]:
+        """Global index -> (shard number, offset in that shard)."""
+        if not 0 <= index < len(self):
+            raise IndexError(f"sample {index} outside 0..{len(self) - 1} of {self.split_dir}")
+        # bisect_right skips shards that lost all their samples (equal starts).
+        shard = bisect.bisect_right(self._starts_list, index) - 1
+        return shard, index - self._starts_list[shard]
+
+    # -- per-process state -------------------------------------------------------------------
+    def _check_process(self) -> None:
+        pid = os.getpid()
+        if self._pid != pid:
+            # Inherited through fork: forget the parent's handles and RNG without closing them.
+            self._open = OrderedDict()
+            self._rng = None
+            self._pid = pid
+
+    def _shard(self, k: int) -> _Shard:
+        self._check_process()
+        shard = self._open.get(k)
+        if shard is not None:
+            self._open.move_to_end(k)
+            return shard
+        try:
+            shard = _Shard(self.files[k])
+        except (OSError, KeyError) as exc:
+            raise DataError(f"{self.files[k]}: cannot open as a shard: {exc}") from None
+        self._open[k] = shard
+        if len(self._open) > self.max_open:
+            self._open.popitem(last=False)[1].close()
+        return shard
+
+    def rng(self) -> np.random.Generator:
+        """This process's augmentation RNG, seeded from torch's per-process seed.
+
+        DataLoader seeds each worker's torch RNG with base_seed + worker_id, base_seed drawn from
+        the main process's torch RNG: workers differ, and a run is reproducible from its seed.
+        """
+        self._check_process()
+        if self._rng is None:
+            self._rng = np.random.default_rng(torch.initial_seed())
+        return self._rng
+
+    def close(self) -> None:
+        """Close the files this process opened (inherited handles are left to their owner)."""
+        if self._pid == os.getpid():
+            for shard in self._open.values():
+                shard.close()
+        self._open = OrderedDict()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown: h5py may already be gone
+            pass
+
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        state.update(_pid=None, _open=OrderedDict(), _rng=None)
+        return state
+
+    # -- reading ------------------------------------------------------------------------------
+    def __getitem__(self, index: int):
+        k, offset = self.locate(int(index))
+        shard = self._shard(k)
+        return self._sample(shard, k, offset, shard.images[offset])
+
+    def __getitems__(self, indices) -> list:
+        """A batch in the requested order, read in as few h5py calls as locality allows."""
+        located = [self.locate(int(i)) for i in indices]
+        order = sorted(range(len(located)), key=located.__getitem__)
+        out: list = [None] * len(located)
+        pos = 0
+        while pos < len(order):
+            k = located[order[pos]][0]
+            end = pos
+            while end < len(order) and located[order[end]][0] == k:
+                end += 1
+            group = order[pos:end]
+            offsets = np.array([located[i][1] for i in group])
+            shard = self._shard(k)
+            records = {}
+            for first, last in contiguous_runs(np.unique(offsets), self.max_gap):
+                block = shard.images[first:last + 1]
+                for j in range(last - first + 1):
+                    records[first + j] = block[j]
+            for i, offset in zip(group, offsets.tolist()):
+                out[i] = self._sample(shard, k, offset, records[offset])
+            pos = end
+        return out
+
+    def _sample(self, shard: _Shard, k: int, offset: int, record):
+        label = int(shard.labels[offset])
+        if self.encoding == "raw":
+            image = np.asarray(record)
+            if image.shape != tuple(shard.shapes[offset]):
+                self._corrupt(k, offset, f"pixels of shape {image.shape}, shapes says "
+                              f"{tuple(shard.shapes[offset])}")
+        else:
+            try:
+                image, (height, width) = decode_image(record, self._draft)
+            except DECODE_ERRORS as exc:
+                self._corrupt(k, offset, f"cannot decode: {type(exc).__name__}: {exc}")
+            expected = tuple(int(v) for v in shard.shapes[offset][:2])
+            if (height, width) != expected:
+                self._corrupt(k, offset, f"decodes to {height}x{width}, shapes says "
+                              f"{expected[0]}x{expected[1]}")
+        if self.transform is None:
+            return (image if isinstance(image, np.ndarray) else np.asarray(image)), label
+        return self.transform(image, self.rng()), label
+
+    def _corrupt(self, k: int, offset: int, why: str):
+        try:
+            key = self._shard(k).file["keys"][offset]
+            key = key.decode() if isinstance(key, bytes) else str(key)
+        except Exception:  # the key is a courtesy; the shard and index are what matter
+            key = "?"
+        raise DataError(f"{self.files[k]} record {offset} (global index "
+                        f"{self._starts_list[k] + offset}, key {key}): {why}")

@@ -1,0 +1,53 @@
+"""Fault injection for tests of failure handling: make one rank raise or stall at a step.
+
+Set HPC_TRAIN_FAULT in the ranks' environment (e.g. through launch.env of a test spec):
+    raise:RANK:STEP            rank RANK raises RuntimeError after finishing step STEP
+    sleep:RANK:STEP:SECONDS    rank RANK sleeps SECONDS inside step STEP (a stalled rank)
+Unset (always, outside tests) it does nothing. It never reads files or runs anything.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+
+FAULT_ENV = "HPC_TRAIN_FAULT"
+
+
+class InjectedFault(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class Fault:
+    kind: str
+    rank: int
+    step: int
+    seconds: float = 0.0
+
+
+def parse_fault(text: str | None) -> Fault | None:
+    if not text:
+        return None
+    parts = text.split(":")
+    if parts[0] == "raise" and len(parts) == 3:
+        return Fault("raise", int(parts[1]), int(parts[2]))
+    if parts[0] == "sleep" and len(parts) == 4:
+        return Fault("sleep", int(parts[1]), int(parts[2]), float(parts[3]))
+    raise ValueError(f"{FAULT_ENV}={text!r}: expected raise:RANK:STEP or sleep:RANK:STEP:SECONDS")
+
+
+class FaultInjector:
+    def __init__(self, rank: int, environ=os.environ):
+        self.rank = rank
+        self.fault = parse_fault(environ.get(FAULT_ENV))
+
+    def at_step(self, step: int) -> None:
+        fault = self.fault
+        if fault is None or fault.rank != self.rank or fault.step != step:
+            return
+        if fault.kind == "sleep":
+            time.sleep(fault.seconds)
+        else:
+            raise InjectedFault(f"injected failure on rank {self.rank} at step {step} ({FAULT_ENV})")

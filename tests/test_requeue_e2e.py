@@ -1,0 +1,104 @@
+"""Requeue on the real Slurm: time limits (signal and deadline), external requeue, SIGTERM.
+
+All jobs are submitted at once by a module fixture; the single node runs two at a time.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+
+import pytest
+
+from hpc_train.rundir import RunPaths
+from tests.runs import assert_trained, cli, describe_failure, events, submit
+
+pytestmark = [pytest.mark.slurm, pytest.mark.mpi, pytest.mark.horovod, pytest.mark.slow]
+
+ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"}
+# A one-minute limit; USR2 25 s before it (Slurm checks limits about every 30 s).
+SHORT = ["slurm.time=00:01:00", "slurm.signal_seconds=25", "optim.epochs=3", "log.every_steps=4"]
+LONG = ["optim.epochs=4", "log.every_steps=4", "checkpoint.every_steps=10"]
+
+
+def _wait_for(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if value := predicate():
+            return value
+        time.sleep(0.5)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.fixture(scope="module")
+def jobs(slurm_cluster, tmp_path_factory):
+    root = tmp_path_factory.mktemp("requeue")
+    submitted = {}
+    for name, overrides in {"timelimit": SHORT, "external": LONG, "sigterm": LONG}.items():
+        job_id, paths = submit("jobs/smoke.yaml", root, f"run.name={name}", *overrides)
+        slurm_cluster.job_ids.append(job_id)
+        submitted[name] = (job_id, paths)
+    # The deadline case: a rendered script with the signal line taken out.
+    script = root / "nosignal.sbatch"
+    out = cli("render", "jobs/smoke.yaml", "-o", str(script), "--set", f"run.root={root}",
+              "--set", "run.name=nosignal", *[a for o in SHORT for a in ("--set", o)])
+    assert out.returncode == 0, out.stderr
+    script.write_text("\n".join(line for line in script.read_text().splitlines()
+                                if not line.startswith("#SBATCH --signal")) + "\n")
+    job_id = slurm_cluster.sbatch(str(script))
+    submitted["nosignal"] = (job_id, RunPaths(next(root.glob("nosignal-*"))))
+    return submitted
+
+
+def _requeue_history(job_id: str) -> list[str]:
+    out = subprocess.run(["sacct", "-D", "-X", "-n", "-P", "-j", job_id, "-o", "State"],
+                         capture_output=True, text=True, timeout=30).stdout.split()
+    return out
+
+
+def _assert_resumed_where_stopped(paths: RunPaths):
+    stops, resumes = events(paths, "stop_saved"), events(paths, "resumed")
+    assert [e["step"] for e in resumes][:len(stops)] == [e["step"] for e in stops]
+    restarts = [e["restart"] for e in events(paths, "started")]
+    assert restarts == list(range(len(restarts)))                  # SLURM_RESTART_COUNT 0, 1, ...
+    assert len({e["job_id"] for e in events(paths, "started")}) == 1  # one job id throughout
+
+
+@pytest.mark.parametrize("name, reasons", [("timelimit", {"SIGUSR2", "deadline"}), ("nosignal", {"deadline"})])
+def test_time_limit_stops_saves_requeues_and_finishes(name, reasons, jobs, slurm_cluster):
+    job_id, paths = jobs[name]
+    state = slurm_cluster.wait_state(job_id, ENDED, timeout=900)
+    assert state == "COMPLETED", describe_failure(paths)
+    requeued = events(paths, "requeued")
+    assert requeued and {e["reason"] for e in requeued} <= reasons, requeued
+    assert "REQUEUED" in _requeue_history(job_id)
+    _assert_resumed_where_stopped(paths)
+    assert_trained(paths)
+
+
+def test_external_scontrol_requeue_loses_at_most_the_periodic_interval(jobs, slurm_cluster):
+    job_id, paths = jobs["external"]
+    saved = _wait_for(lambda: [e["step"] for e in events(paths, "checkpoint_saved")], 600, "a checkpoint")
+    subprocess.run(["scontrol", "requeue", job_id], check=True, timeout=30)
+    last_periodic = max(e["step"] for e in events(paths, "checkpoint_saved"))
+    assert last_periodic >= saved[0]
+    state = slurm_cluster.wait_state(job_id, ENDED, timeout=900)
+    assert state == "COMPLETED", describe_failure(paths)
+    resumed = events(paths, "resumed")
+    assert resumed and resumed[0]["from_checkpoint"] >= last_periodic
+    assert "REQUEUED" in _requeue_history(job_id)
+    assert_trained(paths)
+
+
+def test_sigterm_to_the_job_saves_and_requeues(jobs, slurm_cluster):
+    job_id, paths = jobs["sigterm"]
+    _wait_for(lambda: events(paths, "training_started"), 600, "training to start")
+    time.sleep(3)
+    subprocess.run(["scancel", "--full", "--signal=TERM", job_id], check=True, timeout=30)
+    state = slurm_cluster.wait_state(job_id, ENDED, timeout=900)
+    assert state == "COMPLETED", describe_failure(paths)
+    stops = events(paths, "stop_saved")
+    assert stops and stops[0]["reason"] == "SIGTERM"
+    assert events(paths, "requeued")[0]["by_driver"] is True
+    _assert_resumed_where_stopped(paths)
+    assert_trained(paths)

@@ -1,0 +1,132 @@
+"""Block-shuffled, global-batch samplers: deterministic, equal, disjoint, local, exactly resumable."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from hpc_train.data.sampler import (ResumableBlockSampler, ValidationSampler, block_order,
+                                    rank_batches, validation_part)
+from hpc_train.errors import DataError
+
+
+def _epoch(num_samples, world, batch, seed=3, epoch=0, block_size=16, consumed=0):
+    parts = []
+    for rank in range(world):
+        s = ResumableBlockSampler(num_samples, rank, world, batch, seed=seed, block_size=block_size)
+        s.set_epoch(epoch, consumed)
+        parts.append(list(s))
+    return parts
+
+
+def test_block_order_is_a_deterministic_permutation_that_changes_per_epoch():
+    a = block_order(1000, seed=1, epoch=0, block_size=64)
+    assert sorted(a.tolist()) == list(range(1000))
+    assert np.array_equal(a, block_order(1000, seed=1, epoch=0, block_size=64))
+    assert not np.array_equal(a, block_order(1000, seed=1, epoch=1, block_size=64))
+    assert not np.array_equal(a, block_order(1000, seed=2, epoch=0, block_size=64))
+    assert np.array_equal(block_order(10, 1, 0, 4, shuffle=False), np.arange(10))
+
+
+def test_block_order_keeps_blocks_together_and_shuffles_inside_them():
+    order = block_order(1000, seed=0, epoch=0, block_size=64)
+    blocks = order // 64
+    # Each block's samples form one run of the order (the last block has only 1000 - 960 = 40).
+    runs = [blocks[i] for i in range(len(blocks)) if i == 0 or blocks[i] != blocks[i - 1]]
+    assert sorted(runs) == list(range(16))
+    assert runs != sorted(runs)                               # block order shuffled
+    assert not np.array_equal(order[:64], np.sort(order[:64]))  # and inside the block
+
+
+@pytest.mark.parametrize("num_samples, world, batch", [(1000, 4, 8), (999, 3, 5), (64, 1, 64)])
+def test_ranks_get_equal_disjoint_parts_of_whole_global_batches(num_samples, world, batch):
+    parts = _epoch(num_samples, world, batch)
+    global_batch = world * batch
+    steps = num_samples // global_batch
+    assert {len(p) for p in parts} == {steps * batch}
+    joined = sum(parts, [])
+    assert len(set(joined)) == len(joined)
+    # Global batch s is exactly positions [s*G, (s+1)*G) of the epoch order, rank r's sub-slice r.
+    order = block_order(num_samples, 3, 0, 16).tolist()
+    for s in range(steps):
+        together = sum((p[s * batch:(s + 1) * batch] for p in parts), [])
+        assert together == order[s * global_batch:(s + 1) * global_batch]
+
+
+def test_a_rank_batch_lies_in_few_blocks():
+    block_size, batch = 256, 64
+    parts = _epoch(100_000, 4, batch, block_size=block_size)
+    blocks_per_batch = [len({i // block_size for i in p[k:k + batch]})
+                        for p in parts for k in range(0, len(p), batch)]
+    # 64 consecutive positions fall in one block, or straddle two.
+    assert max(blocks_per_batch) <= 2 and np.mean(blocks_per_batch) < 1.5
+
+
+def test_interrupted_epoch_resumes_exactly():
+    num_samples, world, batch = 1000, 2, 8
+    full = _epoch(num_samples, world, batch, epoch=5)
+    done = 7                                                   # batches trained before the stop
+    states = []
+    for rank in range(world):
+        s = ResumableBlockSampler(num_samples, rank, world, batch, seed=3, block_size=16)
+        s.set_epoch(5)
+        it = iter(s)
+        [next(it) for _ in range(done * batch + 13)]           # prefetch ran ahead: irrelevant
+        states.append(s.state_dict(s.consumed_after(done)))
+    assert states[0] == states[1] == {"epoch": 5, "consumed": done * world * batch, "seed": 3,
+                                      "block_size": 16, "num_samples": num_samples}
+    for rank in range(world):
+        fresh = ResumableBlockSampler(num_samples, rank, world, batch, seed=3, block_size=16)
+        fresh.load_state_dict(states[rank])
+        rest = list(fresh)
+        assert len(fresh) == len(rest)
+        assert full[rank][:done * batch] + rest == full[rank]
+
+
+def test_resume_with_another_world_size_repeats_and_skips_nothing():
+    num_samples = 1000
+    before = _epoch(num_samples, world=4, batch=8)             # global batch 32
+    done = 10
+    consumed = done * 32
+    after = _epoch(num_samples, world=2, batch=16, consumed=consumed)   # same global batch
+    trained = sum((p[:done * 8] for p in before), []) + sum(after, [])
+    order = block_order(num_samples, 3, 0, 16).tolist()
+    assert sorted(trained) == sorted(order[:num_samples // 32 * 32])
+    assert len(set(trained)) == len(trained)
+
+
+def test_rank_batches_drops_only_the_tail():
+    order = np.arange(23)
+    assert rank_batches(order, 1, 2, 3).tolist() == [3, 4, 5, 9, 10, 11, 15, 16, 17]
+    assert rank_batches(order, 0, 2, 3, consumed=12).tolist() == [12, 13, 14]
+
+
+def test_loader_length_and_epoch_change():
+    s = ResumableBlockSampler(100, 0, 2, 5, block_size=8)
+    loader = DataLoader(torch.arange(100), batch_size=5, sampler=s, drop_last=True)
+    assert len(loader) == s.batches_per_epoch == 10
+    s.set_epoch(0, consumed=30)
+    assert len(loader) == 7 and s.batches_per_epoch == 10
+    assert sum(len(b) for b in loader) == 35
+    s.set_epoch(1)
+    assert len(list(loader)) == 10
+
+
+def test_state_from_other_data_is_refused():
+    s = ResumableBlockSampler(100, 0, 1, 10)
+    state = s.state_dict(20)
+    other = ResumableBlockSampler(101, 0, 1, 10)
+    with pytest.raises(DataError, match="num_samples=100, this run has 101"):
+        other.load_state_dict(state)
+    with pytest.raises(ValueError, match="do not fill one global batch"):
+        ResumableBlockSampler(10, 0, 4, 3)
+
+
+@pytest.mark.parametrize("num_samples, world", [(10, 3), (9, 3), (2, 4), (1000, 7)])
+def test_validation_covers_every_sample_once_in_near_equal_parts(num_samples, world):
+    parts = [list(ValidationSampler(num_samples, r, world)) for r in range(world)]
+    assert sum(parts, []) == list(range(num_samples))
+    assert max(map(len, parts)) - min(map(len, parts)) <= 1
+    assert validation_part(10, 0, 3) == range(0, 4)
