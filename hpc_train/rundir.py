@@ -1,7 +1,7 @@
 """The run directory contract: one object owns every name under a run directory.
 
 Everything that happens to a run is written here, so inspection works from files alone on any
-login node, even with Slurm accounting off (see docs/run-directory.md).
+login node, even with Slurm accounting off (the files and events: docs/run-directory.md).
 """
 
 from __future__ import annotations

@@ -49,6 +49,8 @@ BASE = dict(stop_reason="SIGUSR2", restarts=0, failed_runs=0, max_requeues=3,
     (1, {}, "failed"),                                        # a crash is not requeued...
     (1, {"retries_on_failure": 1}, "requeue"),                # ...unless asked for
     (1, {"retries_on_failure": 1, "failed_runs": 1}, "failed"),
+    (1, {"driver_signalled": True}, "requeue"),               # mpirun aborted by a preemption's TERM
+    (143, {"driver_signalled": True, "can_requeue": False}, "stopped"),
 ])
 def test_decide(returncode, changes, action):
     assert decide(returncode, **{**BASE, **changes}).action == action

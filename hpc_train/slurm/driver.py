@@ -144,7 +144,8 @@ def run_driver(run_dir: str | Path) -> Decision:
         returncode, stop_reason=_ranks_stop_reason(paths, started) or forwarder.reason,
         restarts=int(environ.get("SLURM_RESTART_COUNT") or 0), failed_runs=_failed_runs(paths),
         max_requeues=spec.checkpoint.max_requeues,
-        retries_on_failure=spec.checkpoint.retries_on_failure, can_requeue=under_slurm(environ))
+        retries_on_failure=spec.checkpoint.retries_on_failure, can_requeue=under_slurm(environ),
+        driver_signalled=forwarder.reason is not None)
     seconds = round(time.time() - started, 1)
     if decision.action == "requeue":
         done, detail = requeue(environ["SLURM_JOB_ID"])

@@ -17,12 +17,21 @@ class Decision:
 
 
 def decide(returncode: int, *, stop_reason: str | None, restarts: int, failed_runs: int,
-           max_requeues: int, retries_on_failure: int, can_requeue: bool) -> Decision:
-    """restarts: requeues so far (SLURM_RESTART_COUNT); failed_runs: earlier runs that crashed."""
+           max_requeues: int, retries_on_failure: int, can_requeue: bool,
+           driver_signalled: bool = False) -> Decision:
+    """restarts: requeues so far (SLURM_RESTART_COUNT); failed_runs: earlier runs that crashed.
+
+    driver_signalled: the job itself got a stop signal. A preemption or `scancel --signal=TERM`
+    signals every process of the job, mpirun included, and Open MPI aborts on SIGTERM, killing
+    the ranks before they save: that is an interruption (resume from the last complete
+    checkpoint), not a failure of the training.
+    """
     if returncode == 0:
         return Decision("completed", "all ranks finished")
-    if returncode == STOP_EXIT:
+    if returncode == STOP_EXIT or driver_signalled:
         reason = stop_reason or "stopped"
+        if returncode != STOP_EXIT:
+            reason += f" (ranks ended by it, exit {returncode}: resuming from the last complete checkpoint)"
         if not can_requeue:
             return Decision("stopped", f"{reason}; not running under Slurm, so not requeued")
         if restarts >= max_requeues:

@@ -1,0 +1,19 @@
+"""`bench checkpoint` runs and reports both sides of its ratio (timing itself is not asserted)."""
+
+import json
+
+import pytest
+
+from tests.runs import cli
+
+
+def test_bench_checkpoint_reports_ours_and_baselines(tmp_path):
+    out = cli("bench", "checkpoint", "--model", "resnet_tiny", "--rounds", "2", "--dir", str(tmp_path),
+              "--json")
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    assert result["rounds"] == 2 and result["model"] == "resnet_tiny"
+    for key in ("ours_s", "bare_torch_save_s", "bare_torch_save_fsync_s"):
+        assert result[key] > 0
+    assert result["ratio"] == pytest.approx(result["ours_s"] / result["bare_torch_save_s"], rel=0.01)
+    assert list(tmp_path.iterdir()) == []            # the benchmark cleans up after itself

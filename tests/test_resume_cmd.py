@@ -1,0 +1,45 @@
+"""`resume RUN_DIR`: a finished run continues from its last checkpoint; spec changes need consent."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tests.runs import cli, drive, events, local_run
+
+pytestmark = [pytest.mark.mpi, pytest.mark.horovod, pytest.mark.slow]
+
+SMALL = ["data.kind=synthetic", "data.train_samples=512", "data.val_samples=0", "data.image_size=16",
+         "data.workers=0", "optim.epochs=1", "log.every_steps=2"]
+
+
+def _wait_finished(paths, count: int, timeout: float = 240):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and len(events(paths, "finished")) < count:
+        time.sleep(0.5)
+    assert len(events(paths, "finished")) >= count
+
+
+def test_resume_needs_consent_for_changes_then_continues(tmp_path):
+    paths = local_run(tmp_path, *SMALL)
+    assert drive(paths) == 0                                    # 8 steps, checkpoint at step 8
+    spec_before = paths.spec.read_text()
+
+    refused = cli("resume", str(paths.root), "--local", "--set", "optim.epochs=2")
+    assert refused.returncode == 2 and "optim.epochs" in refused.stderr
+    assert "--allow-spec-change" in refused.stderr
+    assert paths.spec.read_text() == spec_before and not events(paths, "resubmitted")
+
+    accepted = cli("resume", str(paths.root), "--local", "--set", "optim.epochs=2", "--allow-spec-change")
+    assert accepted.returncode == 0, accepted.stderr
+    _wait_finished(paths, 2)
+    assert events(paths, "finished")[-1]["status"] == "completed"
+    resumed = events(paths, "resumed")[-1]
+    assert resumed["from_checkpoint"] == 8 and resumed["spec_changed"] == ["optim.epochs"]
+    assert max(e["step"] for e in events(paths, "rank_finished")) == 16
+
+
+def test_resume_refuses_a_directory_that_is_not_a_run(tmp_path):
+    out = cli("resume", str(tmp_path), "--local")
+    assert out.returncode == 2 and "not a run directory" in out.stderr
