@@ -21,7 +21,7 @@ from hpc_train.errors import LaunchError
 from hpc_train.launch.allocation import Allocation, allocation_from_slurm, local_allocation
 from hpc_train.launch.argv import LaunchPlan, inherited, mpirun_argv
 from hpc_train.rundir import RunPaths, read_jsonl, record_event
-from hpc_train.runtime.stop import DEADLINE_ENV
+from hpc_train.runtime.stop import DEADLINE_ENV, STOP_EXIT
 from hpc_train.slurm.requeue import Decision, decide, job_end_time, requeue
 from hpc_train.spec import JobSpec, load_spec
 
@@ -132,7 +132,7 @@ def run_driver(run_dir: str | Path) -> Decision:
                 returncode = process.wait(timeout=GRACE_SECONDS if forwarder.reason else None)
                 break
             except subprocess.TimeoutExpired:
-                # The ranks had their grace period; a second SIGTERM makes mpirun end them.
+                # The ranks had their grace period; SIGTERM makes mpirun abort them.
                 log.warning("ranks still running %d s after %s; terminating", GRACE_SECONDS,
                             forwarder.reason)
                 process.terminate()
@@ -159,7 +159,11 @@ def run_driver(run_dir: str | Path) -> Decision:
 
 
 def _exit_status(decision: Decision) -> int:
-    return {"completed": 0, "requeue": 0, "stopped": 75}.get(decision.action, 1)
+    return {"completed": 0, "requeue": 0, "stopped": STOP_EXIT}.get(decision.action, 1)
+
+
+def _setup_logging() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s driver %(levelname)s %(message)s")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -168,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     if len(args) != 1:
         print("usage: python -m hpc_train.slurm.driver RUN_DIR", file=sys.stderr)
         return 2
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s driver %(levelname)s %(message)s")
+    _setup_logging()
     return _exit_status(run_driver(args[0]))
 
 
@@ -179,7 +183,7 @@ class Driver:
         self.run_dir = str(run_dir)
 
     def __call__(self) -> int:
-        logging.basicConfig(level=logging.INFO, format="%(asctime)s driver %(levelname)s %(message)s")
+        _setup_logging()
         decision = run_driver(self.run_dir)
         if decision.action in ("failed", "stopped"):
             raise LaunchError(f"{decision.action}: {decision.reason}; see {self.run_dir}/logs/")
