@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 
 import pytest
@@ -11,6 +12,12 @@ import torch
 from hpc_train.train.precision import Precision
 from hpc_train.train.step import optimizer_step
 from tests.conftest import REPO
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def _linear_model(seed: int = 0) -> torch.nn.Module:
@@ -39,9 +46,9 @@ def test_single_process_accumulation_matches_the_large_batch():
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", [pytest.param("horovod", marks=pytest.mark.horovod), "ddp"])
 def test_two_ranks_accumulating_match_one_process(backend, mpirun_argv, python):
-    env_argv = ["-x", "MASTER_ADDR=127.0.0.1", "-x", f"MASTER_PORT={29700 + (backend == 'ddp')}"]
+    env_argv = ["-x", "MASTER_ADDR=127.0.0.1", "-x", f"MASTER_PORT={free_port()}"]
     argv = [*mpirun_argv(2), *env_argv, python, str(REPO / "tests/workers/accumulation.py"), backend]
-    out = subprocess.run(argv, capture_output=True, text=True, timeout=180)
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     ranks = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
     assert sorted(r["rank"] for r in ranks) == [0, 1]

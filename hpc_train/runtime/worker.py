@@ -49,6 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     log = logging.getLogger("hpc_train.worker")
     log.info("rank %d/%d (local %d) pid %d on %s", identity.rank, identity.size,
              identity.local_rank, os.getpid(), os.uname().nodename)
+    trainer = None
     try:
         # Heavy imports after the redirect: an import error lands in this rank's log too.
         from hpc_train.spec import load_spec
@@ -58,8 +59,8 @@ def main(argv: list[str] | None = None) -> int:
         trainer = Trainer(load_spec(paths.spec), paths, identity, stop)
         try:
             trainer.fit()
-        except StopForRequeue as stop:
-            log.info("rank %d stopped (%s) after saving; exit %d", identity.rank, stop, STOP_EXIT)
+        except StopForRequeue as stop_reason:
+            log.info("rank %d stopped (%s) after saving; exit %d", identity.rank, stop_reason, STOP_EXIT)
             trainer.backend.shutdown()
             return STOP_EXIT
     except BaseException as exc:  # noqa: BLE001 - every failure is recorded, then re-raised
@@ -67,6 +68,9 @@ def main(argv: list[str] | None = None) -> int:
         record_event(paths, "rank_failed", rank=identity.rank, error=f"{type(exc).__name__}: {exc}",
                      traceback=traceback.format_exc()[-4000:])
         raise
+    finally:
+        if trainer is not None:
+            trainer.close()
     log.info("rank %d done", identity.rank)
     return 0
 

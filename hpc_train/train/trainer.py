@@ -107,6 +107,18 @@ class Trainer:
                      params_sha256=parameters_digest(self.model))
         self.backend.shutdown()
 
+    def close(self) -> None:
+        """Stop the data workers now, on every way out of a rank.
+
+        The workers ignore SIGTERM (see train/data.py), so Python's exit-time `terminate()`
+        cannot end them; their loader must send its shutdown sentinel while the rank still runs.
+        """
+        for loader in (self.train_loader, self.val_loader):
+            iterator = getattr(loader, "_iterator", None)   # persistent workers live here
+            if iterator is not None and hasattr(iterator, "_shutdown_workers"):
+                iterator._shutdown_workers()
+                loader._iterator = None
+
     def consumed_in_epoch(self, steps_in_epoch: int) -> int:
         """Global samples of the epoch's order trained by `steps_in_epoch` optimizer steps."""
         return steps_in_epoch * self.spec.parallel.accumulation * self.sampler.global_batch
