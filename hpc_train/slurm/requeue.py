@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import subprocess
 import time
 from dataclasses import dataclass
 from datetime import datetime
 
+from hpc_train import _proc
 from hpc_train.runtime.stop import STOP_EXIT
 
 
@@ -55,21 +55,12 @@ def job_end_time(job_id: str, environ) -> float | None:
     """When Slurm will end this job: SLURM_JOB_END_TIME where set, else squeue."""
     if value := environ.get("SLURM_JOB_END_TIME"):
         return float(value)
-    try:
-        out = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%e"], capture_output=True,
-                             text=True, timeout=20)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return parse_slurm_time(out.stdout) if out.returncode == 0 else None
+    out = _proc.run(["squeue", "-h", "-j", job_id, "-o", "%e"], timeout=20)
+    return parse_slurm_time(out.stdout) if out.ok else None
 
 
 def job_state(job_id: str) -> str:
-    try:
-        out = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True,
-                             text=True, timeout=20)
-    except (OSError, subprocess.TimeoutExpired):
-        return ""
-    return out.stdout.strip()
+    return _proc.run(["squeue", "-h", "-j", job_id, "-o", "%T"], timeout=20).stdout.strip()
 
 
 def requeue(job_id: str) -> tuple[bool, str]:
@@ -81,8 +72,8 @@ def requeue(job_id: str) -> tuple[bool, str]:
     if state and state != "RUNNING":
         return False, f"job is {state} already"
     for attempt in range(2):
-        out = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True, timeout=30)
-        if out.returncode == 0:
+        out = _proc.run(["scontrol", "requeue", job_id], timeout=30)
+        if out.ok:
             return True, "scontrol requeue accepted"
         time.sleep(1 + attempt)
     return False, out.stderr.strip() or f"scontrol requeue exit {out.returncode}"
