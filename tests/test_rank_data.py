@@ -1,12 +1,10 @@
-"""Pure pieces of a rank: identity from the launcher, equal shuffled parts, synthetic samples."""
+"""Pure pieces of a rank: identity from the launcher, synthetic samples, run-directory files."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 
-from hpc_train.data.sampler import EvenShardSampler, rank_indices
 from hpc_train.data.synthetic import SyntheticImages
 from hpc_train.rundir import RunPaths, append_jsonl, read_jsonl
 from hpc_train.runtime.identity import RankInfo, rank_from_env
@@ -21,26 +19,6 @@ def test_rank_from_openmpi_ignores_slurm_procid():
 def test_rank_from_hydra_and_default():
     assert rank_from_env({"PMI_RANK": "1", "PMI_SIZE": "2", "MPI_LOCALRANKID": "1"}) == RankInfo(1, 2, 1, 1)
     assert rank_from_env({}) == RankInfo(0, 1, 0, 1)
-
-
-@pytest.mark.parametrize("num_samples, size", [(100, 3), (64, 2), (7, 7), (1000, 8)])
-def test_parts_are_equal_disjoint_and_reshuffled(num_samples, size):
-    parts = [rank_indices(num_samples, r, size, seed=5, epoch=0) for r in range(size)]
-    assert {len(p) for p in parts} == {num_samples // size}
-    joined = np.concatenate(parts)
-    assert len(set(joined.tolist())) == len(joined)          # no sample twice in an epoch
-    again = [rank_indices(num_samples, r, size, seed=5, epoch=0) for r in range(size)]
-    assert all(np.array_equal(a, b) for a, b in zip(parts, again))   # deterministic
-    if num_samples // size > 1:
-        next_epoch = rank_indices(num_samples, 0, size, seed=5, epoch=1)
-        assert not np.array_equal(parts[0], next_epoch)
-
-
-def test_sampler_is_iterable_and_refuses_too_few_samples():
-    sampler = EvenShardSampler(10, 1, 3, shuffle=False)
-    assert list(sampler) == [3, 4, 5] and len(sampler) == 3
-    with pytest.raises(ValueError, match="cannot give each of 4 ranks"):
-        EvenShardSampler(3, 0, 4)
 
 
 def test_synthetic_samples_are_pure_functions_of_seed_and_index():

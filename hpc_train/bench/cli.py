@@ -4,12 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text}: must be a positive integer")
-    return value
+from hpc_train.argtypes import positive_int
 
 
 def _positive_float(text: str) -> float:
@@ -38,20 +33,20 @@ def _add_data(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--raw-shards", metavar="DIR", help="a raw-encoded conversion of the same split")
     p.add_argument("--split", default="train",
                    help="split (default train: RandomResizedCrop; other: resize + centre crop)")
-    p.add_argument("--image-size", type=_positive, default=224, metavar="PX")
-    p.add_argument("--batch", type=_positive, default=64, metavar="N", help="batch size (64)")
+    p.add_argument("--image-size", type=positive_int, default=224, metavar="PX")
+    p.add_argument("--batch", type=positive_int, default=64, metavar="N", help="batch size (64)")
     p.add_argument("--workers", type=int, default=2, metavar="N",
                    help="DataLoader workers per configuration (default 2; 0 = main process)")
     p.add_argument("--start-method", choices=("fork", "forkserver", "spawn"), default=None,
                    help="worker start method (default fork)")
-    p.add_argument("--block-size", type=_positive, default=256, metavar="N",
+    p.add_argument("--block-size", type=positive_int, default=256, metavar="N",
                    help="sampler block size for the shards (default 256)")
-    p.add_argument("--rounds", type=_positive, default=3, metavar="N",
+    p.add_argument("--rounds", type=positive_int, default=3, metavar="N",
                    help="alternating rounds per configuration; the median counts (default 3)")
     budget = p.add_mutually_exclusive_group()
     budget.add_argument("--seconds", type=_positive_float, default=8.0, metavar="S",
                         help="measured seconds per configuration, all rounds (default 8)")
-    budget.add_argument("--images", type=_positive, default=None, metavar="N",
+    budget.add_argument("--images", type=positive_int, default=None, metavar="N",
                         help="images per configuration, all rounds (instead of --seconds)")
     p.add_argument("--no-draft", action="store_true",
                    help="decode JPEGs at full size (default: libjpeg draft to >= the needed size)")
@@ -75,7 +70,7 @@ def _add_checkpoint(sub: argparse._SubParsersAction) -> None:
                     "directory, fsync, rename, marker) and with one torch.save, in alternating "
                     "rounds; report the medians and their ratio.")
     p.add_argument("--model", default="resnet50", help="model whose state is saved (resnet50)")
-    p.add_argument("--rounds", type=_positive, default=5, metavar="N", help="rounds each (5)")
+    p.add_argument("--rounds", type=positive_int, default=5, metavar="N", help="rounds each (5)")
     p.add_argument("--dir", metavar="DIR", help="where to write (default: the system temp dir); "
                    "use the file system your checkpoints live on")
     p.add_argument("--json", action="store_true", help="machine-readable output")

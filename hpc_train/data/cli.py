@@ -6,14 +6,9 @@ Handlers import h5py, Pillow and numpy themselves, so `--help` and the rest of t
 from __future__ import annotations
 
 import argparse
+
+from hpc_train.argtypes import positive_int
 import sys
-
-
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text}: must be a positive integer")
-    return value
 
 
 def _shard(args: argparse.Namespace) -> int:
@@ -107,14 +102,14 @@ def _add_shard(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--classes", metavar="FILE",
                    help="class names in index order: one per line (first token), or a "
                         "manifest.json (use train's for val)")
-    p.add_argument("--shard-size", type=_positive, default=1024, metavar="N",
+    p.add_argument("--shard-size", type=positive_int, default=1024, metavar="N",
                    help="samples per shard (default 1024)")
     p.add_argument("--encoding", choices=("jpeg", "raw"), default="jpeg",
                    help="jpeg: original bytes (default); raw: decoded RGB, square")
-    p.add_argument("--max-side", type=_positive, default=None, metavar="PX",
+    p.add_argument("--max-side", type=positive_int, default=None, metavar="PX",
                    help="jpeg: re-encode images whose longer side exceeds PX (default: never)")
     p.add_argument("--quality", type=int, default=90, metavar="Q", help="JPEG re-encode quality")
-    p.add_argument("--raw-size", type=_positive, default=256, metavar="PX",
+    p.add_argument("--raw-size", type=positive_int, default=256, metavar="PX",
                    help="raw: resize shorter side to PX, centre-crop PXxPX (default 256)")
     p.add_argument("--seed", type=int, default=0, help="sample order shuffle seed (default 0)")
     p.add_argument("--strict", action="store_true", help="stop at the first unreadable image")
@@ -146,9 +141,9 @@ def register(commands: argparse._SubParsersAction) -> None:
                           description="DIR/train/<synset>/*.JPEG, DIR/val/*.JPEG and "
                                       "DIR/val_labels.txt; deterministic from --seed.")
     demo.add_argument("--out", required=True, metavar="DIR")
-    demo.add_argument("--classes", type=_positive, default=10)
-    demo.add_argument("--per-class", type=_positive, default=60)
+    demo.add_argument("--classes", type=positive_int, default=10)
+    demo.add_argument("--per-class", type=positive_int, default=60)
     demo.add_argument("--val-per-class", type=int, default=10)
-    demo.add_argument("--size", type=_positive, default=64, help="typical side (sizes vary +-)")
+    demo.add_argument("--size", type=positive_int, default=64, help="typical side (sizes vary +-)")
     demo.add_argument("--seed", type=int, default=0)
     demo.set_defaults(handler=_demo)
