@@ -14,7 +14,7 @@ import torch
 
 from hpc_train.checkpoint.manager import CheckpointManager
 from hpc_train.rundir import read_jsonl, record_event
-from hpc_train.runtime.stop import AGREE_EVERY, StopFlag, agreed_reason, one_hot, should_agree
+from hpc_train.runtime.stop import StopFlag, agreed_reason, one_hot, should_agree
 from hpc_train.spec import spec_hash
 from hpc_train.train import state
 
@@ -71,7 +71,7 @@ class Checkpointing:
             record_event(self.trainer.paths, "checkpoint_saved", step=step, reason=reason,
                          path=str(path), seconds=round(time.perf_counter() - started, 3))
 
-    def _agree(self, step: int) -> tuple[str | None, bool]:
+    def _agree(self) -> tuple[str | None, bool]:
         """(stop reason, time-based save due), the same on every rank."""
         minutes = self.config.every_minutes
         due = minutes is not None and time.monotonic() - self.last_save_time >= 60 * minutes
@@ -82,7 +82,7 @@ class Checkpointing:
     def after_step(self, epoch_end: bool) -> None:
         """Save if due; on an agreed stop, save and raise StopForRequeue."""
         step = self.trainer.step
-        stop_reason, time_due = self._agree(step) if should_agree(step) else (None, False)
+        stop_reason, time_due = self._agree() if should_agree(step) else (None, False)
         every = self.config.every_steps
         if stop_reason is None and (time_due or epoch_end or (every and step % every == 0)):
             self.save("epoch" if epoch_end else "periodic")
@@ -91,6 +91,3 @@ class Checkpointing:
             if self.trainer.identity.is_main:
                 record_event(self.trainer.paths, "stop_saved", step=step, reason=stop_reason)
             raise StopForRequeue(stop_reason)
-
-
-__all__ = ["AGREE_EVERY", "Checkpointing", "StopForRequeue"]
