@@ -21,6 +21,7 @@ _REGISTRY: dict[str, tuple[str, str]] = {
     "resnet101": ("hpc_train.models.resnet", "resnet101"),
     "resnet152": ("hpc_train.models.resnet", "resnet152"),
     "resnet_tiny": ("hpc_train.models.resnet", "resnet_tiny"),
+    "gpt": ("hpc_train.models.gpt", "gpt"),   # num_classes = vocabulary size
 }
 
 MODEL_NAMES: tuple[str, ...] = tuple(_REGISTRY)

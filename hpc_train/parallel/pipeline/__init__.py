@@ -1,0 +1,6 @@
+"""GPipe-style pipeline parallelism composed with data parallelism.
+
+Pure parts: `layout` (which rank is which stage of which replica), `balance` (where to cut the
+block list). Torch parts: `stage` (a rank's slice of the model), `scaler` (a loss scale all ranks
+agree on), `replicas` (gradient averaging across replicas), `engine` (one pipeline step).
+"""

@@ -1,0 +1,93 @@
+"""Started by mpirun: a K x D pipeline vs. one process on the same model and batch.
+
+argv: STAGES MICROBATCHES SCHEDULE BACKEND REMAT STEPS OUT_DIR
+Every rank also computes the single-process reference itself (the model is tiny), then compares
+its stage's loss, gradients and, after STEPS optimizer steps, parameters. One JSON file per rank.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+from hpc_train.models.gpt import gpt, lm_loss
+from hpc_train.parallel.pipeline.engine import PipelineConfig, PipelineEngine
+from hpc_train.parallel.pipeline.layout import PipelineLayout
+from hpc_train.parallel.pipeline.groups import init_world
+from hpc_train.parallel.pipeline.memory import SavedTensorMeter
+from hpc_train.parallel.pipeline.scaler import AgreedLossScaler
+from hpc_train.runtime.identity import rank_from_env
+
+BATCH_PER_REPLICA, SEQ, VOCAB = 8, 16, 64
+
+
+def main() -> None:
+    stages, micro, schedule, backend, remat, steps, out_dir = sys.argv[1:8]
+    stages, micro, steps, remat = int(stages), int(micro), int(steps), remat == "remat"
+    torch.set_num_threads(1)
+    me = rank_from_env(os.environ)
+    layout = PipelineLayout(me.size, stages)
+    device = torch.device("cpu")
+    init_world(me.rank, me.size, device)
+
+    torch.manual_seed(0)
+    model = gpt(VOCAB, layers=6, dim=32, heads=4, seq_len=SEQ)
+    reference = copy.deepcopy(model)
+    gen = torch.Generator().manual_seed(1)
+    batches = [torch.randint(VOCAB, (BATCH_PER_REPLICA * layout.replicas, SEQ + 1), generator=gen)
+               for _ in range(steps)]
+
+    # Single process, whole batch.
+    ref_opt = torch.optim.AdamW(reference.parameters(), lr=1e-3)
+    ref_losses, ref_grads = [], None
+    for i, batch in enumerate(batches):
+        ref_opt.zero_grad()
+        loss = lm_loss(reference(batch[:, :-1]), batch[:, 1:])
+        loss.backward()
+        if i == 0:
+            ref_grads = {n: p.grad.clone() for n, p in reference.named_parameters()}
+        ref_losses.append(loss.item())
+        ref_opt.step()
+
+    config = PipelineConfig(stages, micro, schedule, "auto", remat, backend)
+    engine = PipelineEngine(model, layout, me.rank, device, config, lm_loss, AgreedLossScaler())
+    optimizer = torch.optim.AdamW(engine.parameters(), lr=1e-3)
+    names = engine.module.block_state_dict
+    result = {"rank": me.rank, "stage": engine.stage_index, "replica": engine.replica,
+              "sizes": engine.sizes, "grad_diff": 0.0, "param_diff": 0.0, "loss_diff": 0.0}
+    ref_params = dict(reference.named_parameters())
+    meter = SavedTensorMeter(engine.module)
+    for i, batch in enumerate(batches):
+        part = batch[engine.replica * BATCH_PER_REPLICA:(engine.replica + 1) * BATCH_PER_REPLICA]
+        optimizer.zero_grad()
+        with meter:
+            loss = engine.forward_backward(part[:, :-1], part[:, 1:])
+        engine.reduce_gradients()
+        if i == 0:
+            grads = {n: p.grad for n, p in engine.module.named_parameters()}
+            result["grad_diff"] = max((grads[f"blocks.{n}"] - ref_grads[n]).abs().max().item()
+                                      for n in names())
+            result["params_checked"] = len(grads)
+        if loss is not None:
+            # The replica's loss is the mean over its part; average over replicas for the batch.
+            summed = engine.collectives.allreduce_sum(torch.tensor([loss]))
+        else:
+            summed = engine.collectives.allreduce_sum(torch.tensor([0.0]))
+        mean_loss = summed.item() / layout.replicas
+        result["loss_diff"] = max(result["loss_diff"], abs(mean_loss - ref_losses[i]))
+        optimizer.step()
+    state = names()
+    result["param_diff"] = max((state[n] - ref_params[n].detach()).abs().max().item()
+                               for n in state if n in ref_params)
+    result["peak_saved_bytes"] = meter.peak
+    engine.shutdown()
+    Path(out_dir, f"rank-{me.rank}.json").write_text(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
