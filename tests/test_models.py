@@ -134,7 +134,7 @@ def test_build_model_options_pass_through():
 
 def test_registry_names_and_errors():
     assert MODEL_NAMES == ("resnet18", "resnet34", "resnet50", "resnet101", "resnet152",
-                           "resnet_tiny")
+                           "resnet_tiny", "gpt")
     with pytest.raises(ValueError, match="resnet18, resnet34.*resnet_tiny") as err:
         build_model("resnet51", 10)
     assert "Did you mean 'resnet50'" in str(err.value)

@@ -53,7 +53,10 @@ class CheckpointManager:
     def latest(self) -> int | None:
         return layout.latest_complete(self.root)
 
-    def save(self, step: int, replicated: dict, per_rank: dict, meta: dict) -> Path:
+    def save(self, step: int, replicated: dict, per_rank: dict, meta: dict,
+             files: dict[str, dict] | None = None) -> Path:
+        """`files`: more named files this rank writes (a pipeline stage's state, written by one
+        rank per stage); read back with `load_file`."""
         final = self.root / layout.step_dir_name(step)
         tmp = self.root / layout.tmp_dir_name(step)
         if self.rank == 0:
@@ -61,6 +64,8 @@ class CheckpointManager:
             tmp.mkdir()
         self.barrier()
         _save_file(per_rank, tmp / layout.rank_file_name(self.rank))
+        for name, obj in (files or {}).items():
+            _save_file(obj, tmp / name)
         self.barrier()
         if self.rank == 0 and (final / layout.MARKER).is_file():
             # This step is saved and complete already (an explicit resume from an older step
@@ -109,3 +114,11 @@ class CheckpointManager:
         except (OSError, RuntimeError, ValueError, EOFError, pickle.UnpicklingError) as exc:
             raise CheckpointError(f"cannot load checkpoint {directory}: {exc}") from exc
         return replicated, per_rank, meta
+
+    def load_file(self, step: int, name: str) -> dict:
+        """A named file saved with `save(files=...)`, from the complete checkpoint of `step`."""
+        path = self.root / layout.step_dir_name(step) / name
+        try:
+            return torch.load(path, map_location="cpu", weights_only=True)
+        except (OSError, RuntimeError, ValueError, EOFError, pickle.UnpicklingError) as exc:
+            raise CheckpointError(f"cannot load {path}: {exc}") from exc

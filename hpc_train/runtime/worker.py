@@ -54,9 +54,9 @@ def main(argv: list[str] | None = None) -> int:
         # Heavy imports after the redirect: an import error lands in this rank's log too.
         from hpc_train.spec import load_spec
         from hpc_train.train.checkpointing import StopForRequeue
-        from hpc_train.train.trainer import Trainer
+        from hpc_train.train.pipeline_trainer import make_trainer
 
-        trainer = Trainer(load_spec(paths.spec), paths, identity, stop)
+        trainer = make_trainer(load_spec(paths.spec), paths, identity, stop)
         try:
             trainer.fit()
         except StopForRequeue as stop_reason:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Callable
 
+from hpc_train.spec.pipeline_rules import PIPELINE_ERROR_RULES, PIPELINE_WARNING_RULES
 from hpc_train.spec.problems import Problem
 from hpc_train.spec.schema import JobSpec
 
@@ -25,10 +26,11 @@ def _warn(key: str, given: str, rule: str, fix: str) -> Problem:
 
 
 def hdf5_needs_path(spec: JobSpec) -> list[Problem]:
-    if spec.data.kind == "hdf5" and spec.data.path is None:
-        return [Problem("data.path", "null with data.kind 'hdf5'",
+    if spec.data.kind in ("hdf5", "tokens") and spec.data.path is None:
+        return [Problem("data.path", f"null with data.kind {spec.data.kind!r}",
                         "HDF5 data needs the directory of its shards",
-                        "set data.path: /path/to/shards, or data.kind: synthetic")]
+                        "set data.path: /path/to/shards, or data.kind: "
+                        + ("synthetic" if spec.data.kind == "hdf5" else "text"))]
     return []
 
 
@@ -120,18 +122,18 @@ def milestones_within_training(spec: JobSpec) -> list[Problem]:
 
 
 def path_unused(spec: JobSpec) -> list[Problem]:
-    if spec.data.kind == "synthetic" and spec.data.path is not None:
-        return [_warn("data.path", f"{spec.data.path!r} with data.kind 'synthetic'",
-                      "synthetic data reads no files, so the path is ignored",
-                      "set data.kind: hdf5 to read it, or remove data.path")]
+    if spec.data.kind in ("synthetic", "text") and spec.data.path is not None:
+        return [_warn("data.path", f"{spec.data.path!r} with data.kind {spec.data.kind!r}",
+                      "generated data reads no files, so the path is ignored",
+                      "set data.kind: hdf5 (or tokens) to read it, or remove data.path")]
     return []
 
 
 ERROR_RULES: tuple[Rule, ...] = (hdf5_needs_path, compression_needs_horovod, signal_before_limit,
-                                 keep_every_needs_period, one_rank_per_gpu)
+                                 keep_every_needs_period, one_rank_per_gpu, *PIPELINE_ERROR_RULES)
 WARNING_RULES: tuple[Rule, ...] = (idle_gpus, small_gpu_batch, fixed_loss_scale_unused,
                                    warmup_shorter_than_training, milestones_within_training,
-                                   path_unused)
+                                   path_unused, *PIPELINE_WARNING_RULES)
 
 
 def check_spec(spec: JobSpec) -> tuple[list[Problem], list[Problem]]:

@@ -13,7 +13,7 @@ from typing import Any, Callable, Literal, Optional, Union
 
 from hpc_train.spec import values
 
-ModelName = Literal["resnet18", "resnet34", "resnet50", "resnet101", "resnet152", "resnet_tiny"]
+ModelName = Literal["resnet18", "resnet34", "resnet50", "resnet101", "resnet152", "resnet_tiny", "gpt"]
 
 
 def spec_field(default: Any = MISSING, *, doc: str, factory: Callable[[], Any] | None = None,
@@ -85,12 +85,17 @@ class LaunchSpec:
 
 @dataclass(frozen=True)
 class DataSpec:
-    kind: Literal["synthetic", "hdf5"] = spec_field("synthetic", doc="where samples come from")
-    path: Optional[str] = spec_field(None, doc="directory of HDF5 shards (kind hdf5)",
+    kind: Literal["synthetic", "hdf5", "text", "tokens"] = spec_field(
+        "synthetic", doc="where samples come from: synthetic or hdf5 images; text (a generated "
+        "corpus) or tokens (HDF5 token shards) for the gpt model")
+    path: Optional[str] = spec_field(None, doc="directory of HDF5 shards (kind hdf5 or tokens)",
                                      check=values.check_path, example="/path/to/imagenet-shards")
     num_classes: int = spec_field(1000, doc="number of classes", ge=2)
     image_size: int = spec_field(224, doc="square crop size in pixels", ge=8, le=1024)
-    batch_size: int = spec_field(32, doc="samples per rank per backward pass (per-rank batch)",
+    seq_len: int = spec_field(128, doc="tokens per training sequence (text and tokens data)",
+                              ge=2)
+    batch_size: int = spec_field(32, doc="samples per rank per backward pass (per-rank batch); "
+                                 "with a pipeline, per replica (all its stages see the same ones)",
                                  ge=1)
     workers: int = spec_field(4, doc="data loader worker processes per rank", ge=0)
     pin_memory: bool = spec_field(True, doc="pin host memory for faster copies to the GPU")
@@ -140,10 +145,28 @@ class PrecisionSpec:
 
 
 @dataclass(frozen=True)
+class PipelineSpec:
+    stages: int = spec_field(1, doc="pipeline stages K (ranks per model copy); 1 = no pipeline",
+                             ge=1)
+    microbatches: int = spec_field(1, doc="micro-batches M per step; the idle bubble is "
+                                   "(K-1)/(M+K-1), so use M >= 4K", ge=1)
+    schedule: Literal["gpipe", "1f1b"] = spec_field(
+        "gpipe", doc="gpipe: all forwards, then all backwards; 1f1b: interleaved, keeps at most "
+        "K micro-batches of activations")
+    balance: Union[Literal["auto", "time"], list[int]] = spec_field(
+        "auto", doc="blocks per stage: auto (by parameter count), time (by timing each block on "
+        "one micro-batch), or a list [n0, n1, ...] over the gpt block list (layers + 2)",
+        example="[3, 3]")
+    remat: bool = spec_field(False, doc="rematerialization: recompute activations in backward "
+                             "(far less memory for about a third more compute)")
+
+
+@dataclass(frozen=True)
 class ParallelSpec:
     backend: Literal["horovod", "ddp"] = spec_field("horovod", doc="data-parallel library")
     accumulation: int = spec_field(1, doc="backward passes per optimizer step", ge=1)
     compression: Literal["none", "fp16"] = spec_field("none", doc="gradient compression (Horovod)")
+    pipeline: PipelineSpec = field(default_factory=PipelineSpec)
 
 
 @dataclass(frozen=True)
@@ -187,9 +210,19 @@ class JobSpec:
         return self.slurm.nodes * self.slurm.tasks_per_node
 
     @property
+    def replicas(self) -> int:
+        """Data-parallel copies of the model: ranks / pipeline stages."""
+        return self.world_size // self.parallel.pipeline.stages
+
+    @property
+    def uses_pipeline(self) -> bool:
+        return self.parallel.pipeline.stages > 1
+
+    @property
     def global_batch(self) -> int:
-        """Images per optimizer step: per-rank batch x ranks x accumulation."""
-        return self.data.batch_size * self.world_size * self.parallel.accumulation
+        """Samples per optimizer step: per-replica batch x replicas x accumulation (without a
+        pipeline every rank is a replica)."""
+        return self.data.batch_size * self.replicas * self.parallel.accumulation
 
     @property
     def scaled_lr(self) -> float:

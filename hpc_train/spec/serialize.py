@@ -37,13 +37,22 @@ def dump_spec_yaml(spec: JobSpec) -> str:
 def describe_spec(spec: JobSpec) -> str:
     """A short human summary: what `validate` prints on success."""
     slurm, gpus = spec.slurm, f"{spec.slurm.gpus_per_node} GPU(s)/node" if spec.uses_gpu else "CPU"
+    pipe = spec.parallel.pipeline
+    if spec.uses_pipeline:
+        batch = (f"global batch: {spec.global_batch} = {spec.data.batch_size} per replica x "
+                 f"{spec.replicas} replica(s) x {spec.parallel.accumulation} accumulation",
+                 f"pipeline:     {pipe.stages} stages x {spec.replicas} replica(s), "
+                 f"{pipe.microbatches} micro-batches, {pipe.schedule}, balance {pipe.balance}"
+                 + (", remat" if pipe.remat else ""))
+    else:
+        batch = (f"global batch: {spec.global_batch} = {spec.data.batch_size} per rank x "
+                 f"{spec.world_size} rank(s) x {spec.parallel.accumulation} accumulation",)
     return "\n".join([
         f"run:          {spec.run.name}",
         f"world size:   {spec.world_size} = {slurm.nodes} node(s) x {slurm.tasks_per_node} "
         f"task(s) ({gpus})",
-        f"global batch: {spec.global_batch} = {spec.data.batch_size} per rank x "
-        f"{spec.world_size} rank(s) x {spec.parallel.accumulation} accumulation",
-        f"scaled LR:    {spec.scaled_lr:g} (base {spec.optim.base_lr:g} per 256 images)",
+        *batch,
+        f"scaled LR:    {spec.scaled_lr:g} (base {spec.optim.base_lr:g} per 256 samples)",
         f"precision:    {spec.precision.mode}",
         f"backend:      {spec.parallel.backend}",
         f"time limit:   {slurm.time} ({spec.time_minutes} min)",

@@ -50,7 +50,8 @@ class Checkpointing:
         changed = state.check_spec(replicated["spec"], self.trainer.spec_dict,
                                    allowed=meta.get("spec_hash") == self.hash
                                    or self._spec_change_allowed(meta.get("spec_hash")))
-        state.restore(self.trainer, replicated, per_rank)
+        self.trainer.restore_state(replicated, per_rank,
+                                   lambda name: self.manager.load_file(meta["step"], name))
         self.last_saved_step = self.trainer.step
         if self.trainer.identity.is_main:
             record_event(self.trainer.paths, "resumed", step=self.trainer.step,
@@ -64,8 +65,9 @@ class Checkpointing:
         if step == self.last_saved_step:
             return
         started = time.perf_counter()
-        replicated, per_rank = state.capture(self.trainer)
-        path = self.manager.save(step, replicated, per_rank, {"spec_hash": self.hash, "reason": reason})
+        replicated, per_rank, files = self.trainer.capture_state()
+        path = self.manager.save(step, replicated, per_rank, {"spec_hash": self.hash, "reason": reason},
+                                 files)
         self.last_saved_step, self.last_save_time = step, time.monotonic()
         if self.trainer.identity.is_main:
             record_event(self.trainer.paths, "checkpoint_saved", step=step, reason=reason,

@@ -9,6 +9,7 @@ from __future__ import annotations
 import signal
 from pathlib import Path
 
+import numpy as np
 from torch.utils.data import DataLoader
 
 from hpc_train.data.sampler import ResumableBlockSampler, ValidationSampler
@@ -33,8 +34,28 @@ def _loader(dataset, sampler, data_spec, pin: bool, drop_last: bool) -> DataLoad
                       persistent_workers=workers > 0)
 
 
+def _token_datasets(spec):
+    from hpc_train.data.tokens import TokenShards, TokenWindows, generate_corpus
+
+    data = spec.data
+    if data.kind == "tokens":
+        root = Path(data.path)
+        val = TokenShards(root, "val", data.seq_len) if (root / "val" / "manifest.json").is_file() else None
+        return TokenShards(root, "train", data.seq_len), val
+    sequences = data.train_samples or spec.global_batch * 100
+    train = TokenWindows(np.frombuffer(generate_corpus(sequences * data.seq_len + 1, spec.run.seed),
+                                       dtype=np.uint8), data.seq_len)
+    val = None
+    if data.val_samples:   # another seed: other sentences, the same language
+        val = TokenWindows(np.frombuffer(generate_corpus(data.val_samples * data.seq_len + 1,
+                                                         spec.run.seed + 1), dtype=np.uint8), data.seq_len)
+    return train, val
+
+
 def _datasets(spec):
     data = spec.data
+    if data.kind in ("text", "tokens"):
+        return _token_datasets(spec)
     if data.kind == "synthetic":
         from hpc_train.data.synthetic import SyntheticImages
 

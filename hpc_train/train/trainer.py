@@ -26,6 +26,7 @@ from hpc_train.train.data import build_loaders
 from hpc_train.train.meters import Window
 from hpc_train.train.optim import build_optimizer
 from hpc_train.train.precision import Precision
+from hpc_train.train import state
 from hpc_train.train.schedule import LrSchedule
 from hpc_train.train.step import optimizer_step
 
@@ -61,7 +62,24 @@ class Trainer:
         self.faults = FaultInjector(identity.rank)
         self.device = pick_device(spec, identity)
         torch.set_num_threads(spec.slurm.cpus_per_task)
-        self.backend = make_backend(spec.parallel.backend, identity, self.device)
+        self._build_model()
+        torch.manual_seed(spec.run.seed + identity.rank)  # different augmentation per rank
+        pin = spec.data.pin_memory and self.device.type == "cuda"
+        self.train_loader, self.val_loader = build_loaders(spec, *self.data_part, pin)
+        self.sampler = self.train_loader.sampler
+        # From the sampler, not len(loader): a resumed sampler's length counts only what is left.
+        self.steps_per_epoch = self.sampler.batches_per_epoch // spec.parallel.accumulation
+        self.schedule = LrSchedule(
+            peak_lr=spec.scaled_lr, steps_per_epoch=self.steps_per_epoch,
+            warmup_epochs=spec.optim.warmup_epochs, total_epochs=spec.optim.epochs,
+            schedule=spec.optim.schedule, milestones=tuple(spec.optim.step_milestones),
+            gamma=spec.optim.step_gamma)
+        self.step = 0
+
+    def _build_model(self) -> None:
+        """backend, model, optimizer, precision, criterion: the data-parallel recipe."""
+        spec = self.spec
+        self.backend = make_backend(spec.parallel.backend, self.identity, self.device)
         torch.manual_seed(spec.run.seed)  # the same initial weights everywhere, before broadcast
         model = build_model(spec.model.name, spec.data.num_classes, **spec.model.options)
         model = model.to(self.device)
@@ -71,19 +89,12 @@ class Trainer:
             compression=spec.parallel.compression)
         self.precision = Precision(spec.precision.mode, self.device, spec.precision.loss_scale,
                                    spec.precision.init_scale)
-        torch.manual_seed(spec.run.seed + identity.rank)  # different augmentation per rank
-        pin = spec.data.pin_memory and self.device.type == "cuda"
-        self.train_loader, self.val_loader = build_loaders(spec, identity.rank, identity.size, pin)
-        self.sampler = self.train_loader.sampler
-        # From the sampler, not len(loader): a resumed sampler's length counts only what is left.
-        self.steps_per_epoch = self.sampler.batches_per_epoch // spec.parallel.accumulation
-        self.schedule = LrSchedule(
-            peak_lr=spec.scaled_lr, steps_per_epoch=self.steps_per_epoch,
-            warmup_epochs=spec.optim.warmup_epochs, total_epochs=spec.optim.epochs,
-            schedule=spec.optim.schedule, milestones=tuple(spec.optim.step_milestones),
-            gamma=spec.optim.step_gamma)
         self.criterion = torch.nn.CrossEntropyLoss(label_smoothing=spec.optim.label_smoothing)
-        self.step = 0
+
+    @property
+    def data_part(self) -> tuple[int, int]:
+        """(part, parts) of the training data this rank reads: every rank is its own replica."""
+        return self.identity.rank, self.identity.size
 
     @property
     def total_steps(self) -> int:
@@ -104,8 +115,19 @@ class Trainer:
             self.train_epoch(epoch, done_in_epoch, checkpoints)
         checkpoints.save("final")
         record_event(self.paths, "rank_finished", rank=self.identity.rank, step=self.step,
-                     params_sha256=parameters_digest(self.model))
+                     params_sha256=parameters_digest(self.model), **self.identity_fields())
         self.backend.shutdown()
+
+    def capture_state(self) -> tuple[dict, dict, dict]:
+        """(replicated, this rank's own, named extra files) for a checkpoint."""
+        return (*state.capture(self), {})
+
+    def restore_state(self, replicated: dict, per_rank: dict | None, load_file) -> None:
+        state.restore(self, replicated, per_rank)
+
+    def identity_fields(self) -> dict:
+        """Extra fields naming this rank's part of the model in events (none: whole model)."""
+        return {}
 
     def close(self) -> None:
         """Stop the data workers now, on every way out of a rank.
@@ -146,9 +168,7 @@ class Trainer:
             micro_batches = next(steps)
             data_seconds = time.perf_counter() - fetch_start
             lr = self.schedule.apply(self.optimizer, self.step)
-            loss, applied = optimizer_step(self.model, self.optimizer, micro_batches,
-                                           self.criterion, self.precision, self.backend,
-                                           self.spec.optim.grad_clip)
+            loss, applied = self.train_step(micro_batches)
             self.step += 1
             self.faults.at_step(self.step)
             window.add(loss, data_seconds, applied)
@@ -160,9 +180,21 @@ class Trainer:
                 self.evaluate(epoch)
             checkpoints.after_step(epoch_end)
 
+    def train_step(self, micro_batches) -> tuple[float, bool]:
+        """One optimizer step: (this rank's loss, whether the step was applied)."""
+        return optimizer_step(self.model, self.optimizer, micro_batches, self.criterion,
+                              self.precision, self.backend, self.spec.optim.grad_clip)
+
+    def loss_terms(self, window: Window) -> list[float]:
+        """This rank's share of the logged mean loss: [loss sum, steps it counts]."""
+        return [window.loss_sum, float(window.steps)]
+
+    def throughput(self, steps: int, elapsed: float) -> dict:
+        return {"images_per_s": self.spec.global_batch * steps / elapsed}
+
     def _log(self, epoch: int, lr: float, window: Window) -> None:
         # One small collective per logged step: the mean loss over all ranks.
-        summed = self.backend.allreduce_sum(torch.tensor([window.loss_sum, float(window.steps)]))
+        summed = self.backend.allreduce_sum(torch.tensor(self.loss_terms(window)))
         elapsed = window.elapsed()
         self._heartbeat()
         if not self.identity.is_main:
@@ -170,13 +202,14 @@ class Trainer:
         record = {
             "time": time.time(), "step": self.step, "epoch": epoch,
             "loss": summed[0].item() / summed[1].item(), "lr": lr,
-            "images_per_s": self.spec.global_batch * window.steps / elapsed,
+            **self.throughput(window.steps, elapsed),
             "step_time": elapsed / window.steps, "data_time": window.data_seconds / window.steps,
             "loss_scale": self.precision.loss_scale, "skipped_steps": window.skipped,
         }
         append_jsonl(self.paths.metrics, record)
-        log.info("step %d/%d epoch %d loss %.4f lr %.4g %.0f img/s", self.step, self.total_steps,
-                 epoch, record["loss"], lr, record["images_per_s"])
+        log.info("step %d/%d epoch %d loss %.4f lr %.4g %s", self.step, self.total_steps, epoch,
+                 record["loss"], lr, " ".join(f"{v:.0f} {k.removesuffix('_per_s')}/s"
+                                              for k, v in self.throughput(window.steps, elapsed).items()))
 
     def _heartbeat(self) -> None:
         path = self.paths.rank_heartbeat(self.identity.rank)

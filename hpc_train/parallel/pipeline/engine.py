@@ -136,6 +136,10 @@ class PipelineEngine:
         """One optimizer step over the whole per-replica batch; (loss or None, applied)."""
         optimizer.zero_grad()
         loss = self.forward_backward(inputs, targets)
+        return loss, self.finish_step(optimizer, grad_clip)
+
+    def finish_step(self, optimizer: torch.optim.Optimizer, grad_clip: float | None = None) -> bool:
+        """Reduce, agree, clip, step (or skip on every rank); True if the step was applied."""
         norm, overflow = self.reduce_gradients()
         if not overflow:
             if grad_clip is not None and norm > grad_clip:
@@ -145,7 +149,7 @@ class PipelineEngine:
                         p.grad.mul_(factor)
             optimizer.step()
         self.scaler.update(overflow)
-        return loss, not overflow
+        return not overflow
 
     @torch.no_grad()
     def evaluate(self, inputs, targets) -> torch.Tensor | None:
@@ -158,6 +162,13 @@ class PipelineEngine:
         correct = (logits.argmax(-1).cpu() == targets).sum().item()
         loss_sum = torch.stack(losses).float().mean().item() / self.scaler.scale * tokens
         return torch.tensor([loss_sum, correct, tokens], dtype=torch.float64)
+
+    # The data-parallel backend's interface, so checkpoints and logging work unchanged.
+    def allreduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        return self.collectives.allreduce_sum(tensor)
+
+    def barrier(self) -> None:
+        self.collectives.barrier()
 
     def shutdown(self) -> None:
         shutdown = getattr(self.average, "shutdown", None)

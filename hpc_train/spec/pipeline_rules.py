@@ -1,0 +1,168 @@
+"""Cross-field rules of the gpt model, token data and pipeline parallelism (item 6 of the
+pipeline issue): each names the rule, the values and the fix, at submit time.
+
+A wrong combination here would otherwise hang the job (ranks that do not form whole pipelines,
+micro-batches that do not split the batch) or fail only after the queue wait.
+"""
+
+from __future__ import annotations
+
+from hpc_train.spec.problems import Problem
+from hpc_train.spec.schema import JobSpec
+
+# The gpt builder's defaults (hpc_train/models/gpt.py; a test keeps them equal), read here
+# without importing torch. The block list is [embedding, layer x N, head]: N + 2 blocks.
+GPT_DEFAULT_LAYERS = 4
+BYTE_VOCAB = 256
+TOKEN_KINDS = ("text", "tokens")
+
+
+def runs_stages(spec: JobSpec) -> bool:
+    """gpt jobs run on the pipeline engine, one stage or more (one stage: plain data parallel)."""
+    return spec.uses_pipeline or spec.model.name == "gpt"
+
+
+def gpt_blocks(spec: JobSpec) -> int:
+    layers = spec.model.options.get("layers", GPT_DEFAULT_LAYERS)
+    return layers + 2 if isinstance(layers, int) and not isinstance(layers, bool) else 0
+
+
+def model_matches_data(spec: JobSpec) -> list[Problem]:
+    gpt, tokens = spec.model.name == "gpt", spec.data.kind in TOKEN_KINDS
+    if gpt and not tokens:
+        return [Problem("data.kind", f"{spec.data.kind!r} with model.name 'gpt'",
+                        "the gpt model trains on token sequences, not images",
+                        "set data.kind: text (a generated corpus) or data.kind: tokens "
+                        "(shards from `python -m hpc_train data tokenize`)")]
+    if tokens and not gpt:
+        return [Problem("model.name", f"{spec.model.name!r} with data.kind {spec.data.kind!r}",
+                        "token data needs a language model", "set model.name: gpt")]
+    return []
+
+
+def byte_vocabulary(spec: JobSpec) -> list[Problem]:
+    if spec.data.kind in TOKEN_KINDS and spec.data.num_classes != BYTE_VOCAB:
+        return [Problem("data.num_classes", f"{spec.data.num_classes} with data.kind "
+                        f"{spec.data.kind!r}", f"byte tokens take {BYTE_VOCAB} values, the "
+                        "vocabulary of the gpt model", f"set data.num_classes: {BYTE_VOCAB}")]
+    return []
+
+
+def sequence_length_from_data(spec: JobSpec) -> list[Problem]:
+    if spec.model.name == "gpt" and "seq_len" in spec.model.options:
+        return [Problem("model.options.seq_len", str(spec.model.options["seq_len"]),
+                        "the sequence length comes from the data section, so the two agree",
+                        "remove model.options.seq_len and set data.seq_len")]
+    return []
+
+
+def pipeline_needs_gpt(spec: JobSpec) -> list[Problem]:
+    if spec.uses_pipeline and spec.model.name != "gpt":
+        return [Problem("parallel.pipeline.stages", f"{spec.parallel.pipeline.stages} with "
+                        f"model.name {spec.model.name!r}", "pipeline stages cut the gpt block list; "
+                        "other models train data-parallel only",
+                        "set model.name: gpt, or parallel.pipeline.stages: 1")]
+    return []
+
+
+def whole_pipelines(spec: JobSpec) -> list[Problem]:
+    stages, world = spec.parallel.pipeline.stages, spec.world_size
+    if world % stages == 0:
+        return []
+    enough = -(-world // stages) * stages      # the next multiple of the stage count
+    return [Problem("parallel.pipeline.stages", f"{stages} with {world} ranks "
+                    f"(slurm.nodes {spec.slurm.nodes} x slurm.tasks_per_node "
+                    f"{spec.slurm.tasks_per_node})", "ranks = stages x replicas: the rank count "
+                    "must be a multiple of the stage count",
+                    f"use {enough} ranks (e.g. slurm.tasks_per_node), or a stage count "
+                    f"that divides {world}")]
+
+
+def microbatches_split_batch(spec: JobSpec) -> list[Problem]:
+    micro, batch = spec.parallel.pipeline.microbatches, spec.data.batch_size
+    if not runs_stages(spec) or batch % micro == 0:
+        return []
+    divisors = [d for d in range(1, batch + 1) if batch % d == 0]
+    return [Problem("parallel.pipeline.microbatches", f"{micro} with data.batch_size {batch}",
+                    "the micro-batch count must divide the per-replica batch, or the last "
+                    "micro-batch differs in shape and the stages disagree",
+                    f"use one of {divisors} micro-batches, or a batch size that {micro} divides")]
+
+
+def one_f_one_b_depth(spec: JobSpec) -> list[Problem]:
+    pipe = spec.parallel.pipeline
+    if spec.uses_pipeline and pipe.schedule == "1f1b" and pipe.microbatches < pipe.stages:
+        return [Problem("parallel.pipeline.microbatches", f"{pipe.microbatches} with schedule "
+                        f"'1f1b' and {pipe.stages} stages", "1F1B needs at least one micro-batch "
+                        "per stage (M >= K) to fill the pipeline",
+                        f"set parallel.pipeline.microbatches: {pipe.stages} or more, or "
+                        "parallel.pipeline.schedule: gpipe")]
+    return []
+
+
+def balance_matches_model(spec: JobSpec) -> list[Problem]:
+    pipe, blocks = spec.parallel.pipeline, gpt_blocks(spec)
+    if not spec.uses_pipeline or not blocks:
+        return []
+    layers = blocks - 2
+    if isinstance(pipe.balance, str):
+        if pipe.stages > blocks:
+            return [Problem("parallel.pipeline.stages", f"{pipe.stages} with {blocks} gpt blocks "
+                            f"({layers} layers + embedding + head)", "every stage needs a block",
+                            f"use at most {blocks} stages, or more model.options.layers")]
+        return []
+    given = f"{pipe.balance} with {pipe.stages} stages and {blocks} gpt blocks ({layers} layers + embedding + head)"
+    if len(pipe.balance) != pipe.stages or any(n < 1 for n in pipe.balance) or sum(pipe.balance) != blocks:
+        even = [blocks // pipe.stages + (i < blocks % pipe.stages) for i in range(pipe.stages)]
+        return [Problem("parallel.pipeline.balance", given,
+                        "one block count >= 1 per stage, summing to the block count (layers + 2)",
+                        f"set parallel.pipeline.balance: {even if min(even) > 0 else 'auto'}")]
+    return []
+
+
+def pipeline_without_accumulation(spec: JobSpec) -> list[Problem]:
+    if runs_stages(spec) and spec.parallel.accumulation > 1:
+        micro = spec.parallel.pipeline.microbatches * spec.parallel.accumulation
+        return [Problem("parallel.accumulation", f"{spec.parallel.accumulation} with a "
+                        "pipeline", "micro-batches already accumulate gradients within a "
+                        "pipeline step", f"set parallel.accumulation: 1 and a batch of "
+                        f"{micro} micro-batches (and data.batch_size x {spec.parallel.accumulation})")]
+    return []
+
+
+def pipeline_without_compression(spec: JobSpec) -> list[Problem]:
+    if runs_stages(spec) and spec.parallel.compression != "none":
+        return [Problem("parallel.compression", f"{spec.parallel.compression!r} with a pipeline",
+                        "pipeline jobs average stage gradients with their own bucketed "
+                        "all-reduce, uncompressed", "set parallel.compression: none")]
+    return []
+
+
+def microbatches_unused(spec: JobSpec) -> list[Problem]:
+    pipe = spec.parallel.pipeline
+    changed = pipe.microbatches != 1 or pipe.remat or pipe.balance != "auto" or pipe.schedule != "gpipe"
+    if not runs_stages(spec) and changed:
+        return [Problem("parallel.pipeline", "settings with parallel.pipeline.stages 1",
+                        "only the gpt model runs on the pipeline engine; these settings are ignored",
+                        "set model.name: gpt and parallel.pipeline.stages: 2 or more, or remove them",
+                        severity="warning")]
+    return []
+
+
+def few_microbatches(spec: JobSpec) -> list[Problem]:
+    pipe = spec.parallel.pipeline
+    if spec.uses_pipeline and pipe.microbatches < 4 * pipe.stages:
+        bubble = (pipe.stages - 1) / (pipe.microbatches + pipe.stages - 1)
+        return [Problem("parallel.pipeline.microbatches", f"{pipe.microbatches} with "
+                        f"{pipe.stages} stages", f"each stage idles {bubble:.0%} of a step "
+                        "(the bubble (K-1)/(M+K-1))",
+                        f"use {4 * pipe.stages} or more micro-batches if the batch allows",
+                        severity="warning")]
+    return []
+
+
+PIPELINE_ERROR_RULES = (model_matches_data, byte_vocabulary, sequence_length_from_data,
+                        pipeline_needs_gpt, whole_pipelines, microbatches_split_batch,
+                        one_f_one_b_depth, balance_matches_model, pipeline_without_accumulation,
+                        pipeline_without_compression)
+PIPELINE_WARNING_RULES = (microbatches_unused, few_microbatches)
