@@ -169,9 +169,11 @@ def build_parser() -> argparse.ArgumentParser:
     # Command groups that live beside their code; these modules import nothing heavy.
     from hpc_train.bench.cli import register as register_bench
     from hpc_train.data.cli import register as register_data
+    from hpc_train.inspect.cli import register as register_inspect
 
     register_data(commands)
     register_bench(commands)
+    register_inspect(commands)
     return parser
 
 

@@ -27,3 +27,9 @@ class CheckpointError(HpcTrainError):
 
 class DataError(HpcTrainError):
     exit_code = 6
+
+
+class InspectError(HpcTrainError):
+    """An inspection command cannot answer: no such run directory, rank or run."""
+
+    exit_code = 7

@@ -25,7 +25,10 @@ def test_login_node_modules_do_not_import_heavy_libraries():
     code = (
         "import sys, hpc_train.cli, hpc_train.doctor.report, hpc_train.doctor.checks, "
         "hpc_train.launch.mpi, hpc_train.launch.argv, hpc_train.spec, hpc_train.spec.paths, "
-        "hpc_train.slurm.submit, hpc_train.slurm.driver, hpc_train.slurm.render, hpc_train.rundir; "
+        "hpc_train.slurm.submit, hpc_train.slurm.driver, hpc_train.slurm.render, hpc_train.rundir, "
+        "hpc_train.inspect.cli, hpc_train.inspect.runstate, hpc_train.inspect.logs, "
+        "hpc_train.inspect.diagnose, hpc_train.inspect.render, hpc_train.inspect.plot, "
+        "hpc_train.bench.inspect; "
         "heavy = [m for m in ('torch', 'horovod', 'h5py', 'mpi4py') if m in sys.modules]; "
         "hpc_train.cli.build_parser(); print(','.join(heavy))"
     )

@@ -77,8 +77,27 @@ def _add_checkpoint(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=_checkpoint)
 
 
+def _inspect(args: argparse.Namespace) -> int:
+    from hpc_train.bench.inspect import main
+
+    return main(args)
+
+
+def _add_inspect(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "inspect", help="status and logs on a synthetic run (8 ranks, 10,000 metric lines)",
+        description="Write a synthetic finished run directory in a temporary directory, then time "
+                    "`status` and `logs` in-process and as subprocesses (median of --rounds).")
+    p.add_argument("--ranks", type=positive_int, default=8, metavar="N", help="ranks (8)")
+    p.add_argument("--metric-lines", type=positive_int, default=10_000, metavar="N", help="(10000)")
+    p.add_argument("--rounds", type=positive_int, default=5, metavar="N", help="rounds each (5)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(handler=_inspect)
+
+
 def register(commands: argparse._SubParsersAction) -> None:
     bench = commands.add_parser("bench", help="benchmarks: ours vs. a baseline, measured in one run")
     sub = bench.add_subparsers(dest="bench_command", metavar="BENCH_COMMAND", required=True)
     _add_data(sub)
     _add_checkpoint(sub)
+    _add_inspect(sub)

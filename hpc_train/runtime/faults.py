@@ -3,6 +3,10 @@
 Set HPC_TRAIN_FAULT in the ranks' environment (e.g. through launch.env of a test spec):
     raise:RANK:STEP            rank RANK raises RuntimeError after finishing step STEP
     sleep:RANK:STEP:SECONDS    rank RANK sleeps SECONDS inside step STEP (a stalled rank)
+    oom:RANK:STEP              rank RANK asks torch's allocator for 2**50 bytes: the real
+                               out-of-memory error ("can't allocate memory") is raised
+    exit:RANK:STEP             rank RANK ends at once with os._exit(1): no traceback, no event,
+                               the way an OOM kill or a segfault looks to its peers
 Unset (always, outside tests) it does nothing. It never reads files or runs anything.
 """
 
@@ -31,11 +35,11 @@ def parse_fault(text: str | None) -> Fault | None:
     if not text:
         return None
     parts = text.split(":")
-    if parts[0] == "raise" and len(parts) == 3:
-        return Fault("raise", int(parts[1]), int(parts[2]))
+    if parts[0] in ("raise", "oom", "exit") and len(parts) == 3:
+        return Fault(parts[0], int(parts[1]), int(parts[2]))
     if parts[0] == "sleep" and len(parts) == 4:
         return Fault("sleep", int(parts[1]), int(parts[2]), float(parts[3]))
-    raise ValueError(f"{FAULT_ENV}={text!r}: expected raise:RANK:STEP or sleep:RANK:STEP:SECONDS")
+    raise ValueError(f"{FAULT_ENV}={text!r}: expected raise|oom|exit:RANK:STEP or sleep:RANK:STEP:SECONDS")
 
 
 class FaultInjector:
@@ -49,5 +53,11 @@ class FaultInjector:
             return
         if fault.kind == "sleep":
             time.sleep(fault.seconds)
+        elif fault.kind == "oom":
+            import torch
+
+            torch.empty(2**50, dtype=torch.uint8)       # 1 PiB: no host has it
+        elif fault.kind == "exit":
+            os._exit(1)
         else:
             raise InjectedFault(f"injected failure on rank {self.rank} at step {step} ({FAULT_ENV})")

@@ -1,0 +1,110 @@
+"""`bench inspect`: how long `status` and `logs` take on a big synthetic run directory.
+
+The run has RANKS ranks, METRIC_LINES metric lines, a requeue, a rank log line per logged step
+on rank 0 (every rank logs its start and end), heartbeats and checkpoints: what a long job
+leaves. Timed in-process (the work) and as subprocesses (what a user waits for, Python's
+start-up and imports included).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from hpc_train.rundir import RunPaths, append_jsonl
+
+_T0 = 1_790_000_000.0
+
+
+def _stamp(t: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) + f",{int(t * 1000) % 1000:03d}"
+
+
+def make_run(root: Path, ranks: int = 8, metric_lines: int = 10_000, every: int = 10) -> RunPaths:
+    """A finished run of `metric_lines` logged steps on `ranks` ranks, requeued once halfway."""
+    paths = RunPaths(root / "bench-inspect")
+    paths.make_dirs()
+    total, half = metric_lines * every, metric_lines // 2
+    starts = [_T0, _T0 + half + 30]
+    events = [{"time": _T0 - 5, "event": "submitted", "job_id": "42", "executor": "slurm"},
+              {"time": starts[0], "event": "started", "job_id": "42", "restart": 0, "ranks": ranks},
+              {"time": starts[0] + 5, "event": "training_started", "job_id": "42", "restart": 0,
+               "total_steps": total, "steps_per_epoch": total // 10, "world_size": ranks},
+              {"time": starts[0] + half + 6, "event": "requeued", "job_id": "42", "restart": 0,
+               "reason": "SIGUSR2", "by_driver": True},
+              {"time": starts[1], "event": "started", "job_id": "42", "restart": 1, "ranks": ranks},
+              {"time": starts[1] + 5, "event": "resumed", "job_id": "42", "restart": 1,
+               "step": half * every, "from_checkpoint": half * every},
+              {"time": starts[1] + half + 12, "event": "finished", "job_id": "42", "restart": 1,
+               "status": "completed", "reason": "all ranks finished"}]
+    paths.events.write_text("".join(json.dumps(e) + "\n" for e in events))
+    metrics, rank0 = [], []
+    for i in range(metric_lines):
+        t = starts[i >= half] + 10 + i % half + (i >= half) * 0.5
+        step = (i + 1) * every
+        metrics.append(json.dumps({"time": t, "step": step, "epoch": step * 10 // total,
+                                   "loss": 2.0 / (1 + i / 500), "lr": 0.1, "images_per_s": 1000.0 + i % 7,
+                                   "step_time": 0.1, "data_time": 0.01, "loss_scale": 1.0,
+                                   "skipped_steps": 0}) + "\n")
+        rank0.append(f"{_stamp(t)} rank 0 hpc_train.trainer INFO step {step}/{total} loss 1.0\n")
+    paths.metrics.write_text("".join(metrics))
+    for rank in range(ranks):
+        lines = [f"{_stamp(s + 1)} rank {rank} hpc_train.worker INFO rank {rank}/{ranks} start\n"
+                 for s in starts]
+        body = rank0 if rank == 0 else []
+        paths.rank_log(rank).write_text(lines[0] + "".join(body[:half]) + lines[1] + "".join(body[half:])
+                                        + f"{_stamp(starts[1] + half + 11)} rank {rank} done\n")
+        paths.rank_heartbeat(rank).write_text(json.dumps({"step": total, "time": starts[1] + half + 9}))
+    for step in (half * every, total):
+        directory = paths.checkpoints / f"step-{step:08d}"
+        directory.mkdir()
+        (directory / "COMPLETE").write_text("")
+    append_jsonl(paths.events, {"time": _T0 - 4, "event": "note"})   # a foreign event is ignored
+    return paths
+
+
+def _time(fn, rounds: int) -> float:
+    times = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def main(args) -> int:
+    from hpc_train.inspect import logs
+    from hpc_train.inspect.cli import build_status
+
+    with tempfile.TemporaryDirectory() as tmp:
+        paths = make_run(Path(tmp), args.ranks, args.metric_lines)
+        sink = io.StringIO()
+        figures = {
+            "status (in-process)": _time(lambda: build_status(paths.root, slurm=False), args.rounds),
+            "logs --all-ranks (in-process)": _time(
+                lambda: logs.write(logs.select(paths, None, None), True, sink), args.rounds),
+        }
+        for name, argv in (("status --no-slurm (subprocess)", ["status", str(paths.root), "--no-slurm"]),
+                           ("status --json --no-slurm (subprocess)", ["status", str(paths.root), "--json",
+                                                                       "--no-slurm"]),
+                           ("logs --all-ranks (subprocess)", ["logs", str(paths.root), "--all-ranks"]),
+                           ("logs --run 1 --grep (subprocess)", ["logs", str(paths.root), "--run", "1",
+                                                                 "--grep", "step 9"])):
+            command = [sys.executable, "-m", "hpc_train", *argv]
+            figures[name] = _time(lambda c=command: subprocess.run(c, stdout=subprocess.DEVNULL, check=True),
+                                  args.rounds)
+    result = {"ranks": args.ranks, "metric_lines": args.metric_lines, "rounds": args.rounds,
+              "median_seconds": figures}
+    if args.json:
+        print(json.dumps(result, indent=1))
+    else:
+        print(f"run: {args.ranks} ranks, {args.metric_lines} metric lines; median of {args.rounds}")
+        for name, seconds in figures.items():
+            print(f"  {name:<40} {seconds * 1000:8.1f} ms")
+    return 0

@@ -1,0 +1,209 @@
+"""`status`, `logs`, `diagnose` and `plot` (registered by hpc_train/cli.py; light imports only)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import time
+from pathlib import Path
+
+from hpc_train.argtypes import positive_int
+from hpc_train.errors import InspectError
+
+_JOB_ID = re.compile(r"\d+(_\d+)?")
+_FAILED = {"FAILED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "CANCELLED", "PREEMPTED", "BOOT_FAIL",
+           "DEADLINE"}
+_TAIL_BYTES = 64 * 1024      # a running job's stall warning is near the end of rank 0's log
+
+
+def run_dirs(root: Path) -> list[Path]:
+    """Run directories under the run root, newest first (by their events file)."""
+    if not root.is_dir():
+        raise InspectError(f"--root {root}: no such directory")
+    found = [p for p in root.iterdir() if (p / "events.jsonl").is_file()]
+    return sorted(found, key=lambda p: (p / "events.jsonl").stat().st_mtime, reverse=True)
+
+
+def find_run(target: str, root: Path) -> Path:
+    """RUN_DIR, or a Slurm job id looked up in the events under the run root."""
+    path = Path(target)
+    if path.is_dir():
+        if not (path / "spec.yaml").is_file() and not (path / "events.jsonl").is_file():
+            raise InspectError(f"{path}: not a run directory (no spec.yaml, no events.jsonl)")
+        return path.resolve()
+    if _JOB_ID.fullmatch(target) and root.is_dir():
+        from hpc_train.rundir import read_jsonl
+
+        for candidate in run_dirs(root):
+            if any(e.get("job_id") == target for e in read_jsonl(candidate / "events.jsonl")):
+                return candidate.resolve()
+        raise InspectError(f"job {target}: no run under {root} has it (try --root)")
+    raise InspectError(f"{target}: neither a run directory nor a job id")
+
+
+def _tail_lines(path: Path) -> list[str]:
+    with open(path, "rb") as handle:
+        handle.seek(max(0, path.stat().st_size - _TAIL_BYTES))
+        return handle.read().decode(errors="replace").splitlines()
+
+
+def build_status(run_dir: Path, slurm: bool = True, baseline: float | None = None,
+                 stall_minutes: float = 10.0):
+    """One run's RunStatus, with Slurm's live state and a diagnosis when it failed or stalls."""
+    from hpc_train.inspect import diagnose, logs, runstate, signatures, slurm_state
+    from hpc_train.rundir import RunPaths, read_jsonl
+
+    paths = RunPaths(run_dir)
+    events = read_jsonl(paths.events)
+    submitted = [e for e in events if e.get("event") in ("submitted", "resubmitted")]
+    live = None
+    if slurm and submitted and submitted[-1].get("executor", "slurm") == "slurm":
+        live = slurm_state.query(submitted[-1]["job_id"])
+    waiting = []
+    if (live.state if live else runstate.state_from_events(events)) == "RUNNING":
+        for path in logs.rank_logs(paths).values():
+            waiting += signatures.missing_ranks(_tail_lines(path))
+    status = runstate.summarize(
+        paths, events, read_jsonl(paths.metrics), runstate.read_beats(paths),
+        runstate.latest_checkpoint(paths), time.time(), live, runstate.read_spec(paths),
+        baseline, stall_minutes * 60, waiting)
+    if status.state in _FAILED or status.state == "STOPPED" or not status.health.ok:
+        status.diagnosis = diagnose.diagnose(paths, slurm=live).to_json()
+    return status
+
+
+def _status(args: argparse.Namespace) -> int:
+    from hpc_train.inspect import render, runstate
+
+    root = Path(args.root)
+    if args.all:
+        targets = run_dirs(root)[:args.limit]
+    elif args.targets:
+        targets = [find_run(t, root) for t in args.targets]
+    else:
+        raise InspectError("status: give RUN_DIR or JOB_ID, or --all for the runs under --root")
+    baseline = runstate.baseline_per_rank(args.baseline) if args.baseline else None
+
+    def show() -> None:
+        statuses = [build_status(t, args.slurm, baseline, args.stall_minutes) for t in targets]
+        if args.json:
+            print(json.dumps({"runs": [s.to_json() for s in statuses]}, indent=1))
+        elif args.all:
+            render.print_runs(statuses)
+        else:
+            render.print_status(statuses)
+
+    if args.watch is None:
+        show()
+        return 0
+    try:
+        while True:
+            if sys.stdout.isatty():
+                print("\033[2J\033[H", end="")
+            show()
+            sys.stdout.flush()
+            time.sleep(args.watch)
+    except KeyboardInterrupt:
+        return 0
+
+
+def _logs(args: argparse.Namespace) -> int:
+    from hpc_train.inspect import logs
+    from hpc_train.rundir import RunPaths
+
+    paths = RunPaths(find_run(args.run_dir, Path(args.root)))
+    ranks = None if args.all_ranks else [args.rank]
+    prefix = args.all_ranks
+    try:
+        logs.write(logs.select(paths, ranks, args.run, args.grep), prefix)
+        if args.follow:
+            logs.follow(paths, ranks, args.grep, prefix)
+    except (KeyboardInterrupt, BrokenPipeError):
+        pass
+    return 0
+
+
+def _diagnose(args: argparse.Namespace) -> int:
+    from hpc_train.inspect import diagnose, render, slurm_state
+    from hpc_train.rundir import RunPaths, read_jsonl
+
+    paths = RunPaths(find_run(args.run_dir, Path(args.root)))
+    job_ids = [e["job_id"] for e in read_jsonl(paths.events) if e.get("event") in ("submitted", "resubmitted")]
+    slurm = slurm_state.query(job_ids[-1]) if args.slurm and job_ids and args.run is None else None
+    result = diagnose.diagnose(paths, args.run, slurm)
+    if args.json:
+        print(json.dumps(result.to_json(), indent=1))
+    else:
+        print(render.diagnosis_text(result))
+    return 0
+
+
+def _plot(args: argparse.Namespace) -> int:
+    from hpc_train.inspect.plot import plot_run
+    from hpc_train.rundir import RunPaths
+
+    paths = RunPaths(find_run(args.run_dir, Path(args.root)))
+    plot_run(paths, Path(args.output))
+    print(f"wrote {args.output}")
+    return 0
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--root", default="runs", metavar="DIR",
+                   help="run root where job ids and --all are looked up (default runs/)")
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    status = commands.add_parser(
+        "status", help="state, progress, throughput, ETA and health of runs",
+        description="Read the run directory (events, metrics, heartbeats, checkpoints) and add "
+                    "Slurm's live state (squeue, sacct) where it answers.")
+    status.add_argument("targets", nargs="*", metavar="RUN_DIR|JOB_ID")
+    status.add_argument("--all", action="store_true", help="the most recent runs under --root")
+    status.add_argument("--limit", type=positive_int, default=20, metavar="N", help="runs for --all (20)")
+    status.add_argument("--json", action="store_true", help="machine-readable (docs/status-schema.json)")
+    status.add_argument("--watch", type=float, nargs="?", const=5.0, metavar="SECONDS",
+                        help="refresh every SECONDS (default 5) until Ctrl-C")
+    status.add_argument("--baseline", metavar="RUN_DIR",
+                        help="a single-rank run of the same job: shows the scaling efficiency")
+    status.add_argument("--stall-minutes", type=float, default=10.0, metavar="M",
+                        help="no heartbeat or metric for M minutes counts as no progress (10)")
+    status.add_argument("--no-slurm", dest="slurm", action="store_false",
+                        help="do not ask squeue/sacct; the events alone give the state")
+    _common(status)
+    status.set_defaults(handler=_status)
+
+    logs = commands.add_parser(
+        "logs", help="per-rank logs, merged by time, one run (requeue) at a time",
+        description="Print rank N's log (default 0) or all ranks merged by time with [rank N] "
+                    "prefixes; --run K keeps the K-th run (0 = first start, -1 = last).")
+    logs.add_argument("run_dir", metavar="RUN_DIR|JOB_ID")
+    which = logs.add_mutually_exclusive_group()
+    which.add_argument("--rank", type=int, default=0, metavar="N", help="one rank's log (default 0)")
+    which.add_argument("--all-ranks", action="store_true", help="every rank, merged by time")
+    logs.add_argument("--run", type=int, metavar="K", help="only the K-th run (0-based; -1 = last)")
+    logs.add_argument("--grep", metavar="REGEX", help="only lines matching REGEX")
+    logs.add_argument("--follow", "-f", action="store_true", help="keep printing new lines (Ctrl-C)")
+    _common(logs)
+    logs.set_defaults(handler=_logs)
+
+    diag = commands.add_parser(
+        "diagnose", help="the first failed rank, its traceback, and known failure signatures",
+        description="Find the first rank that failed from the rank logs (first traceback by "
+                    "time), cross-check with rank_failed events, and match known signatures "
+                    "(OOM, NCCL/Gloo, stalls, mpirun, Slurm limits, shards, spec) with fixes.")
+    diag.add_argument("run_dir", metavar="RUN_DIR|JOB_ID")
+    diag.add_argument("--run", type=int, metavar="K", help="the K-th run (default: the last)")
+    diag.add_argument("--json", action="store_true", help="machine-readable output")
+    diag.add_argument("--no-slurm", dest="slurm", action="store_false", help="do not ask sacct")
+    _common(diag)
+    diag.set_defaults(handler=_diagnose)
+
+    plot = commands.add_parser(
+        "plot", help="loss, accuracy, LR and throughput against step, requeues marked (PNG)")
+    plot.add_argument("run_dir", metavar="RUN_DIR|JOB_ID")
+    plot.add_argument("-o", "--output", required=True, metavar="FILE.png")
+    _common(plot)
+    plot.set_defaults(handler=_plot)

@@ -1,0 +1,109 @@
+"""Why did a run fail or stall? The first failed rank from the logs, and known signatures.
+
+The failed rank is found from the rank logs (the first traceback by time), not from events:
+a rank killed by the OOM killer or a hard exit writes no event, and ranks that fail because
+another one died (connection closed, Horovod shut down) write theirs too. `rank_failed` events
+are only a cross-check.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from hpc_train.inspect import logs
+from hpc_train.inspect.logparse import Line, Traceback, tracebacks
+from hpc_train.inspect.signatures import Match, match_signatures, missing_ranks
+from hpc_train.inspect.slurm_state import SlurmInfo
+from hpc_train.rundir import RunPaths, read_jsonl
+
+# Exceptions that are consequences of another rank's failure, not causes.
+_CONSEQUENCES = ("Connection closed by peer", "Connection reset by peer", "Horovod has been shut down",
+                 "HorovodInternalError")
+
+
+@dataclass
+class Failure:
+    rank: int
+    time: float
+    exception: str
+    traceback: str
+
+
+@dataclass
+class Diagnosis:
+    run: int                               # 0-based index of the run (start or restart)
+    runs: int
+    first_failure: Failure | None
+    event_rank: int | None                 # first rank_failed event of this run (cross-check)
+    signatures: list[dict] = field(default_factory=list)   # id, title, fix, source, line
+    stalled_ranks: list[int] = field(default_factory=list)  # from the collective library's warning
+    failed_ranks: list[int] = field(default_factory=list)   # every rank with a traceback
+
+    @property
+    def events_agree(self) -> bool | None:
+        if self.first_failure is None or self.event_rank is None:
+            return None
+        return self.first_failure.rank == self.event_rank
+
+    def to_json(self) -> dict:
+        data = asdict(self)
+        data["events_agree"] = self.events_agree
+        return data
+
+
+def first_failure(per_rank: dict[int, list[Traceback]]) -> Failure | None:
+    """The earliest first-traceback of any rank; a consequence error loses a tie (same ms)."""
+    firsts = [found[0] for found in per_rank.values() if found]
+    if not firsts:
+        return None
+    best = min(firsts, key=lambda t: (t.time, any(c in t.text for c in _CONSEQUENCES), t.rank))
+    return Failure(best.rank, best.time, best.exception, best.text)
+
+
+def driver_logs(paths: RunPaths, job_id: str | None) -> list[Path]:
+    """The driver's output: submitit's logs of this job (all jobs if unknown) and slurm-*.out."""
+    pattern = f"{job_id}_*" if job_id else "*"
+    found = [p for p in sorted(paths.submitit.glob(pattern)) if p.suffix in (".out", ".err")]
+    return found + sorted(paths.root.glob(f"slurm-{job_id or '*'}.out"))
+
+
+def diagnose(paths: RunPaths, run: int | None = None, slurm: SlurmInfo | None = None) -> Diagnosis:
+    """run: index of the run to look at (default: the last one)."""
+    events = read_jsonl(paths.events)
+    starts = logs.run_starts(events)
+    index = logs.resolve_run(-1 if run is None else run, starts)
+    lines: dict[int, list[Line]] = {}
+    for rank, path in logs.rank_logs(paths).items():
+        lines[rank] = list(logs.in_run(logs.read_rank(path, rank), starts, index))
+    per_rank = {rank: tracebacks(found) for rank, found in lines.items()}
+    started = [e for e in events if e.get("event") == "started"]
+    job_id = started[index].get("job_id") if started else None
+    sources = _signature_lines(paths, lines, job_id, slurm)
+    begin = starts[index] if starts else 0.0
+    end = starts[index + 1] if index + 1 < len(starts) else float("inf")
+    failed_events = [e for e in events if e.get("event") == "rank_failed" and begin <= e["time"] < end]
+    stalled = sorted({r for found in lines.values() for r in missing_ranks(line.text for line in found)})
+    return Diagnosis(run=index, runs=max(1, len(starts)), first_failure=first_failure(per_rank),
+                     event_rank=failed_events[0].get("rank") if failed_events else None,
+                     signatures=[_describe(m) for m in match_signatures(sources)],
+                     stalled_ranks=stalled, failed_ranks=sorted(r for r, t in per_rank.items() if t))
+
+
+def _signature_lines(paths: RunPaths, lines: dict[int, list[Line]], job_id: str | None,
+                     slurm: SlurmInfo | None):
+    if slurm is not None:
+        yield "sacct", f"State={slurm.state}"
+    for path in driver_logs(paths, job_id):
+        for text in path.read_text(errors="replace").splitlines():
+            yield path.name, text
+    for rank, found in lines.items():
+        name = f"rank-{rank:05d}.log"
+        for line in found:
+            yield name, line.text
+
+
+def _describe(match: Match) -> dict:
+    sig = match.signature
+    return {"id": sig.id, "title": sig.title, "fix": sig.fix, "source": match.source,
+            "line": match.line[:300]}

@@ -1,0 +1,120 @@
+"""Text for people: rich tables and colours on a terminal, plain `key: value` lines when piped."""
+
+from __future__ import annotations
+
+import sys
+
+from hpc_train.inspect.diagnose import Diagnosis
+from hpc_train.inspect.runstate import RunStatus
+
+_STATE_STYLE = {"RUNNING": "green", "COMPLETED": "bold green", "PENDING": "yellow",
+                "REQUEUED": "yellow", "FAILED": "bold red", "TIMEOUT": "red", "CANCELLED": "red",
+                "NODE_FAIL": "red", "OUT_OF_MEMORY": "red", "STOPPED": "yellow"}
+
+
+def duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    seconds = round(seconds)
+    if seconds < 60:
+        return f"{seconds}s"
+    minutes, seconds = divmod(seconds, 60)
+    if minutes < 60:
+        return f"{minutes}m{seconds:02d}s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m"
+
+
+def _num(value: float | None, spec: str = ".4g") -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def status_rows(s: RunStatus) -> list[tuple[str, str]]:
+    steps = "-" if s.step is None else f"{s.step}/{s.total_steps or '?'}"
+    if s.epoch is not None:
+        steps += f"  epoch {s.epoch}"
+    flow = "-"
+    if s.throughput:
+        flow = f"{s.throughput.recent:,.0f} recent, {s.throughput.mean:,.0f} mean {s.throughput.unit}"
+    requeues = str(s.requeues) + (f"  ({'; '.join(s.requeue_reasons)})" if s.requeue_reasons else "")
+    ckpt = "-" if s.checkpoint_step is None else \
+        f"step {s.checkpoint_step}, {duration(s.checkpoint_age_seconds)} ago"
+    rows = [("run", s.name), ("job", s.job_id or "-"), ("state", f"{s.state}  (from {s.state_source})"),
+            ("requeues", requeues), ("step", steps), ("loss", _num(s.loss)),
+            ("accuracy", _num(s.accuracy, ".3f")), ("lr", _num(s.lr)), ("throughput", flow)]
+    if s.efficiency is not None:
+        rows.append(("scaling", f"{s.efficiency:.0%} of {s.world_size} x the baseline per rank"))
+    rows += [("eta", duration(s.eta_seconds)), ("checkpoint", ckpt), ("health", s.health.message)]
+    if s.diagnosis and (failure := s.diagnosis.get("first_failure")):
+        rows.append(("failure", f"rank {failure['rank']}: {failure['exception']}"))
+    for sig in (s.diagnosis or {}).get("signatures", []):
+        rows.append(("signature", f"{sig['title']}: {sig['fix']}"))
+    return rows
+
+
+def _console(out):
+    from rich.console import Console
+
+    return Console(file=out or sys.stdout, highlight=False)
+
+
+def print_status(statuses: list[RunStatus], out=None) -> None:
+    console = _console(out)
+    for s in statuses:
+        rows = status_rows(s)
+        if not console.is_terminal:
+            console.file.write("".join(f"{k + ':':<12}{v}\n" for k, v in rows) + "\n")
+            continue
+        from rich.table import Table
+
+        table = Table(show_header=False, title=s.name, title_justify="left")
+        table.add_column(style="bold")
+        table.add_column()
+        for key, value in rows:
+            style = _STATE_STYLE.get(s.state, "") if key == "state" else \
+                ("red" if key in ("failure", "health") and value not in ("ok", "not running") else "")
+            table.add_row(key, value, style=style)
+        console.print(table)
+
+
+def print_runs(statuses: list[RunStatus], out=None) -> None:
+    """`status --all`: one line per run."""
+    console = _console(out)
+    header = ("run", "job", "state", "step", "loss", "throughput", "eta", "health")
+    rows = [(s.name, s.job_id or "-", s.state,
+             "-" if s.step is None else f"{s.step}/{s.total_steps or '?'}", _num(s.loss),
+             f"{s.throughput.recent:,.0f} {s.throughput.unit}" if s.throughput else "-",
+             duration(s.eta_seconds), s.health.message) for s in statuses]
+    if not console.is_terminal:
+        console.file.write("\t".join(header) + "\n" + "".join("\t".join(r) + "\n" for r in rows))
+        return
+    from rich.table import Table
+
+    table = Table(*header)
+    for s, row in zip(statuses, rows):
+        table.add_row(*row, style=_STATE_STYLE.get(s.state, ""))
+    console.print(table)
+
+
+def diagnosis_text(d: Diagnosis) -> str:
+    lines = [f"run {d.run} of {d.runs - 1} (0-based; --run K picks another)"]
+    if d.first_failure:
+        f = d.first_failure
+        lines.append(f"first failed rank: {f.rank} (first traceback by time in the rank logs)")
+        lines.append(f"exception: {f.exception}")
+        if d.event_rank is not None:
+            agree = "agrees" if d.events_agree else f"DISAGREES: event names rank {d.event_rank}"
+            lines.append(f"rank_failed event: {agree}")
+        if len(d.failed_ranks) > 1:
+            lines.append(f"ranks with a traceback: {d.failed_ranks}")
+        lines += ["", f.traceback, ""]
+    else:
+        lines.append("no traceback in the rank logs")
+    if d.stalled_ranks:
+        lines.append(f"stalled rank(s) {d.stalled_ranks}: the others waited for them at a collective")
+    for sig in d.signatures:
+        lines.append(f"* {sig['title']} [{sig['id']}]  ({sig['source']}: {sig['line'][:160]})")
+        lines.append(f"  fix: {sig['fix']}")
+    if not d.signatures and not d.first_failure and not d.stalled_ranks:
+        lines.append("no known failure signature found")
+    return "\n".join(lines)

@@ -1,0 +1,185 @@
+"""A run directory -> RunStatus: what `status` shows. Reading is here; the summary is pure.
+
+Everything comes from the run directory (events, metrics, heartbeats, checkpoints); a Slurm
+state, when given, only replaces the state the events imply.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from hpc_train.checkpoint.layout import MARKER, list_complete, step_dir_name
+from hpc_train.inspect.health import Beat, Health, assess
+from hpc_train.inspect.slurm_state import SlurmInfo
+from hpc_train.rundir import RunPaths, read_jsonl
+
+# Throughput fields a trainer may log, with their unit (pipeline runs log samples or tokens).
+THROUGHPUT_FIELDS = (("images_per_s", "images/s"), ("samples_per_s", "samples/s"),
+                     ("tokens_per_s", "tokens/s"))
+RATE_WINDOW = 10          # metric lines of the current run that set the recent step rate
+_EVENT_STATES = {"submitted": "PENDING", "resubmitted": "PENDING", "started": "RUNNING",
+                 "requeued": "PENDING", "submit_failed": "FAILED"}
+_FINISHED_STATES = {"completed": "COMPLETED", "failed": "FAILED", "stopped": "STOPPED"}
+
+
+@dataclass
+class Throughput:
+    field: str
+    unit: str
+    recent: float
+    mean: float
+
+
+@dataclass
+class RunStatus:
+    name: str
+    run_dir: str
+    job_id: str | None
+    state: str
+    state_source: str                 # "squeue", "sacct" or "events"
+    requeues: int
+    requeue_reasons: list[str]
+    step: int | None
+    total_steps: int | None
+    epoch: int | None
+    loss: float | None
+    accuracy: float | None
+    lr: float | None
+    throughput: Throughput | None
+    efficiency: float | None          # mean throughput / (baseline per rank x ranks)
+    world_size: int | None
+    eta_seconds: float | None
+    checkpoint_step: int | None
+    checkpoint_age_seconds: float | None
+    health: Health
+    diagnosis: dict | None = None     # set by the caller for failed or stalled runs
+    updated: float = field(default_factory=time.time)
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def state_from_events(events: list[dict]) -> str:
+    state = "UNKNOWN"
+    for event in events:
+        name = event.get("event")
+        if name == "finished":
+            state = _FINISHED_STATES.get(event.get("status"), "FAILED")
+        elif name in _EVENT_STATES:
+            state = _EVENT_STATES[name]
+    return state
+
+
+def throughput(train: list[dict]) -> Throughput | None:
+    for name, unit in THROUGHPUT_FIELDS:
+        values = [m[name] for m in train if isinstance(m.get(name), (int, float))]
+        if values:
+            return Throughput(name, unit, values[-1], sum(values) / len(values))
+    return None
+
+
+def step_rate(train: list[dict], since: float) -> float | None:
+    """Steps per second over the last metric lines of the current run (after `since`)."""
+    recent = [m for m in train if m.get("time", 0) >= since][-RATE_WINDOW:]
+    if len(recent) >= 2 and recent[-1]["time"] > recent[0]["time"]:
+        return (recent[-1]["step"] - recent[0]["step"]) / (recent[-1]["time"] - recent[0]["time"])
+    if recent and recent[-1].get("step_time"):
+        return 1.0 / recent[-1]["step_time"]
+    return None
+
+
+def total_steps(events: list[dict], spec: dict | None) -> int | None:
+    """From `training_started`; a later accepted spec change (more epochs) recomputes it."""
+    started = [e for e in events if e.get("event") == "training_started"]
+    if not started:
+        return None
+    total, per_epoch = started[-1].get("total_steps"), started[-1].get("steps_per_epoch")
+    changed = any(e.get("event") == "spec_change_allowed" and e["time"] > started[-1]["time"]
+                  for e in events)
+    optim = (spec or {}).get("optim") or {}
+    if changed and per_epoch and isinstance(optim.get("epochs"), int):
+        total = per_epoch * optim["epochs"]
+        if optim.get("max_steps"):
+            total = min(total, optim["max_steps"])
+    return total
+
+
+def summarize(paths: RunPaths, events: list[dict], metrics: list[dict], beats: dict[int, Beat],
+              checkpoint: tuple[int, float] | None, now: float, slurm: SlurmInfo | None = None,
+              spec: dict | None = None, baseline_per_rank: float | None = None,
+              stall_seconds: float = 600, waiting_ranks: list[int] | None = None) -> RunStatus:
+    """Pure: the files' contents (and the clock) -> the status of one run."""
+    train = [m for m in metrics if m.get("split") is None and "step" in m]
+    val = [m for m in metrics if m.get("split") == "val"]
+    last = train[-1] if train else {}
+    starts = [e for e in events if e.get("event") == "started"]
+    submitted = [e for e in events if e.get("event") in ("submitted", "resubmitted") and e.get("job_id")]
+    state = slurm.state if slurm else state_from_events(events)
+    running = state == "RUNNING"
+    requeued = [e for e in events if e.get("event") == "requeued"]
+    restarts = max([e.get("restart", 0) for e in starts] or [0])
+    world = starts[-1].get("ranks") if starts else None
+    rate = step_rate(train, starts[-1]["time"] if starts else 0.0)
+    total = total_steps(events, spec)
+    flow = throughput(train)
+    eta = None
+    if running and rate and total is not None and last:
+        eta = max(0, total - last["step"]) / rate
+    efficiency = None
+    if flow and baseline_per_rank and world:
+        efficiency = flow.mean / (baseline_per_rank * world)
+    return RunStatus(
+        name=paths.root.name, run_dir=str(paths.root),
+        job_id=submitted[-1]["job_id"] if submitted else None,
+        state=state, state_source=slurm.source if slurm else "events",
+        requeues=max(len(requeued), restarts), requeue_reasons=[e.get("reason", "?") for e in requeued],
+        step=last.get("step"), total_steps=total, epoch=last.get("epoch"), loss=last.get("loss"),
+        accuracy=val[-1].get("accuracy") if val else None, lr=last.get("lr"), throughput=flow,
+        efficiency=efficiency, world_size=world, eta_seconds=eta,
+        checkpoint_step=checkpoint[0] if checkpoint else None,
+        checkpoint_age_seconds=now - checkpoint[1] if checkpoint else None,
+        health=assess(beats, last.get("time"), now, running, stall_seconds, waiting_ranks),
+        updated=now)
+
+
+def read_beats(paths: RunPaths) -> dict[int, Beat]:
+    beats = {}
+    if paths.heartbeat.is_dir():
+        for path in paths.heartbeat.glob("rank-*"):
+            try:
+                record = json.loads(path.read_text())
+                beats[int(path.name.split("-")[1])] = Beat(int(record["step"]), float(record["time"]))
+            except (OSError, ValueError, KeyError, IndexError):
+                continue      # a heartbeat being replaced, or a stray .tmp
+    return beats
+
+
+def latest_checkpoint(paths: RunPaths) -> tuple[int, float] | None:
+    steps = list_complete(paths.checkpoints)
+    if not steps:
+        return None
+    marker = paths.checkpoints / step_dir_name(steps[-1]) / MARKER
+    return steps[-1], marker.stat().st_mtime
+
+
+def read_spec(paths: RunPaths) -> dict | None:
+    import yaml
+
+    try:
+        loaded = yaml.safe_load(paths.spec.read_text())
+    except (OSError, yaml.YAMLError):
+        return None
+    return loaded if isinstance(loaded, dict) else None
+
+
+def baseline_per_rank(run_dir: str | Path) -> float | None:
+    """Mean throughput per rank of another run (the single-rank baseline of `--baseline`)."""
+    paths = RunPaths(Path(run_dir))
+    train = [m for m in read_jsonl(paths.metrics) if m.get("split") is None]
+    flow = throughput(train)
+    starts = [e for e in read_jsonl(paths.events) if e.get("event") == "started"]
+    world = starts[-1].get("ranks") if starts else 1
+    return flow.mean / (world or 1) if flow else None

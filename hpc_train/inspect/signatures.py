@@ -1,0 +1,110 @@
+"""Known failure signatures: a table of pure data and a pure matcher over log lines.
+
+Each signature names what went wrong and the fix. Patterns are matched line by line against
+rank logs, the driver's output (submitit logs, slurm-*.out) and a `sacct: State=...` line.
+Order matters only for display: the matcher reports every signature that matched, first
+occurrence each.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Signature:
+    id: str
+    title: str
+    patterns: tuple[str, ...]
+    fix: str
+
+
+SIGNATURES: tuple[Signature, ...] = (
+    Signature("cuda_oom", "GPU out of memory",
+              (r"CUDA out of memory", r"torch\.(cuda\.)?OutOfMemoryError", r"CUBLAS_STATUS_ALLOC_FAILED"),
+              "lower data.batch_size (raise parallel.accumulation to keep the global batch), use "
+              "precision.mode=bf16/fp16, or a smaller model"),
+    Signature("cpu_oom", "host out of memory",
+              (r"can't allocate memory", r"^\s*MemoryError\b", r"\bMemoryError:", r"oom[-_]kill",
+               r"Out of memory: Kill", r"State=OUT_OF_MEMORY"),
+              "raise slurm.mem, lower data.workers or data.batch_size; an oom-kill by Slurm "
+              "kills a rank without a traceback"),
+    Signature("collective_timeout", "NCCL/Gloo collective timed out",
+              (r"NCCL.*(timed out|[Tt]imeout)", r"Watchdog caught collective operation timeout",
+               r"[Gg]loo.*(Timed out|timed out|[Tt]imeout)"),
+              "one rank did not reach the collective: see the first failed or stalled rank; check "
+              "the network (NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME) if every rank was alive"),
+    Signature("connection_closed", "a peer rank went away (connection closed)",
+              (r"Connection closed by peer", r"Connection reset by peer"),
+              "a consequence: another rank died first. Look at the first failed rank, or a rank "
+              "whose log ends without a traceback (killed, os._exit, OOM killer)"),
+    Signature("stalled_collective", "ranks waiting at a collective for a stalled rank",
+              (r"waiting for remainder of ranks", r"^Missing ranks:"),
+              "the missing ranks are stuck outside the collective (slow I/O, a hang, a deadlock); "
+              "see their logs and heartbeats"),
+    Signature("mpi_launch", "mpirun could not start the ranks",
+              (r"There are not enough slots available", r"mpirun was unable to launch",
+               r"prterun was unable to launch", r"\bORTE\b.*(unable|lost|failed|ERROR)",
+               r"\bPRTE\b.*(unable|lost|failed|ERROR)", r"An ORTE daemon has unexpectedly failed",
+               r"mpirun was unable to find the specified executable"),
+              "slurm.tasks_per_node must fit the allocation; check the hosts in the `started` "
+              "event's argv and that the venv's python exists on every node"),
+    Signature("slurm_time_limit", "Slurm time limit reached",
+              (r"DUE TO TIME LIMIT", r"State=TIMEOUT"),
+              "raise slurm.time, or slurm.signal_seconds so the ranks checkpoint and requeue before "
+              "the limit"),
+    Signature("slurm_preemption", "preempted by Slurm",
+              (r"DUE TO PREEMPTION", r"State=PREEMPTED"),
+              "nothing to fix in the job: it resumes from its latest complete checkpoint when "
+              "requeued; checkpoint more often (checkpoint.every_steps) to lose less"),
+    Signature("node_failure", "a node failed",
+              (r"DUE TO NODE FAILURE", r"State=NODE_FAIL"),
+              "resubmit (python -m hpc_train resume RUN_DIR); tell the admins the node name"),
+    Signature("corrupt_shard", "corrupt or unreadable data shard",
+              (r"cannot open as a shard", r"DataError: .* is unreadable",
+               r"record \d+ \(global index \d+, key"),
+              "python -m hpc_train data verify the shard directory, then re-convert the bad shard"),
+    Signature("spec_mismatch", "spec changed since the checkpoint",
+              (r"the run's spec changed since its checkpoint",),
+              "python -m hpc_train resume RUN_DIR --allow-spec-change to accept, or restore spec.yaml"),
+)
+
+_COMPILED = tuple((sig, tuple(re.compile(p) for p in sig.patterns)) for sig in SIGNATURES)
+_MISSING_RANK = re.compile(r"^\s*(\d+): \[")
+
+
+@dataclass(frozen=True)
+class Match:
+    signature: Signature
+    source: str        # where the line is: a log file name, or "sacct"
+    line: str
+
+
+def match_signatures(lines: Iterable[tuple[str, str]]) -> list[Match]:
+    """(source, line) pairs -> the first match of each signature, in the order they occurred."""
+    found: dict[str, Match] = {}
+    for source, line in lines:
+        for sig, patterns in _COMPILED:
+            if sig.id not in found and any(p.search(line) for p in patterns):
+                found[sig.id] = Match(sig, source, line.strip())
+        if len(found) == len(_COMPILED):
+            break
+    return list(found.values())
+
+
+def missing_ranks(lines: Iterable[str]) -> list[int]:
+    """Ranks listed under Horovod's stall warning ("Missing ranks:" then "1: [tensor...]")."""
+    ranks: set[int] = set()
+    listing = False
+    for line in lines:
+        if line.startswith("Missing ranks:"):
+            listing = True
+            continue
+        match = _MISSING_RANK.match(line) if listing else None
+        if match:
+            ranks.add(int(match.group(1)))
+        else:
+            listing = False
+    return sorted(ranks)
