@@ -1,0 +1,210 @@
+"""status / logs / diagnose on real runs: a Slurm job watched while it runs, is requeued and
+completes; real failures (CPU OOM with Gloo's "connection closed", a stalled Horovod rank, a
+corrupt HDF5 shard, a resume under a changed spec, an mpirun launch error, a Slurm time limit)
+produce the logs that the signatures must recognise.
+
+One module fixture runs everything once, concurrently where it can: the two Slurm jobs queue
+while the local runs train one after another in a thread.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from hpc_train.inspect.diagnose import diagnose
+from hpc_train.launch.mpi import local_run_flags, parse_mpirun_version
+from hpc_train.rundir import RunPaths, append_jsonl
+from tests.conftest import REPO
+from tests.runs import cli, describe_failure, drive, events, local_run, submit
+
+pytestmark = [pytest.mark.slurm, pytest.mark.mpi, pytest.mark.horovod, pytest.mark.slow]
+
+SMALL = ["data.kind=synthetic", "data.train_samples=512", "data.val_samples=0", "data.image_size=16",
+         "data.workers=1", "log.every_steps=1", "optim.max_steps=8"]
+ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"}
+
+
+def status_json(run_dir: Path, *extra: str) -> dict:
+    out = cli("status", str(run_dir), "--json", *extra, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)["runs"][0]
+
+
+def _env(**extra: str) -> str:
+    return "launch.env={" + ", ".join(f"{k}: '{v}'" for k, v in {"OMP_NUM_THREADS": "1", **extra}.items()) + "}"
+
+
+def _local_runs(root: Path, results: dict) -> None:
+    """The failing runs, one after another (two cores): each leaves real logs behind."""
+    try:
+        oom = local_run(root, *SMALL, "parallel.backend=ddp", _env(HPC_TRAIN_FAULT="oom:1:3"), name="oom")
+        results["oom"] = (oom, drive(oom, timeout=240))
+        stall = local_run(root, *SMALL, _env(HPC_TRAIN_FAULT="sleep:1:3:25",
+                                             HOROVOD_STALL_CHECK_TIME_SECONDS="2"), name="stall")
+        seen = []
+        watcher = threading.Thread(target=_watch_stall, args=(stall, seen), daemon=True)
+        watcher.start()
+        results["stall"] = (stall, drive(stall, timeout=240), seen)
+        watcher.join(timeout=30)
+        shards = root / "corrupt-shards"
+        shutil.copytree(REPO / "data/demo-shards", shards)
+        for shard in (shards / "train").glob("shard-*.h5"):
+            with open(shard, "r+b") as handle:         # overwrite the HDF5 superblock signature
+                handle.write(b"\0" * 64)
+        corrupt = local_run(root, f"data.path={shards}", "optim.max_steps=4", "data.workers=0",
+                            name="corrupt")
+        results["corrupt"] = (corrupt, drive(corrupt, timeout=240))
+    except BaseException as exc:  # noqa: BLE001 - reported by the tests that need the runs
+        results["error"] = exc
+
+
+def _watch_stall(paths: RunPaths, seen: list) -> None:
+    """`status` while rank 1 sleeps inside a step; keeps every answer."""
+    deadline = time.monotonic() + 200
+    while time.monotonic() < deadline and not events(paths, "finished"):
+        if events(paths, "started"):
+            status = status_json(paths.root)
+            seen.append(status)
+            if status["health"]["stalled_ranks"]:
+                return
+        time.sleep(1)
+
+
+def _mpi_launch_error(root: Path) -> RunPaths:
+    """A real mpirun asked for more ranks than the host offers (no --oversubscribe)."""
+    paths = RunPaths(root / "mpi-launch")
+    paths.make_dirs()
+    info = parse_mpirun_version(subprocess.run(["mpirun", "--version"], capture_output=True, text=True,
+                                                check=False).stdout)
+    flags = local_run_flags(info.flavour, as_root=os.geteuid() == 0, oversubscribe=False)
+    out = subprocess.run(["mpirun", "-np", "64", "--host", "localhost:1", *flags, "true"],
+                         capture_output=True, text=True, timeout=60, check=False)
+    (paths.submitit / "7_0_log.err").write_text(out.stdout + out.stderr)
+    append_jsonl(paths.events, {"time": time.time(), "event": "finished", "status": "failed",
+                                "returncode": out.returncode})
+    return paths
+
+
+@pytest.fixture(scope="module")
+def runs(slurm_cluster, tmp_path_factory):
+    root = tmp_path_factory.mktemp("inspect")
+    job_id, life = submit("jobs/smoke.yaml", root, "run.name=life", "log.every_steps=4",
+                          "checkpoint.every_steps=12")
+    slurm_cluster.job_ids.append(job_id)
+    timelimit = RunPaths(root / "timelimit")
+    timelimit.make_dirs()
+    limit_id = slurm_cluster.sbatch("--time=1", "--ntasks=1", "--cpus-per-task=1",
+                                    f"--output={timelimit.root}/slurm-%j.out", "--wrap", "sleep 300")
+    append_jsonl(timelimit.events, {"time": time.time(), "event": "submitted", "job_id": limit_id,
+                                    "executor": "slurm"})
+    results: dict = {"life": life, "timelimit": timelimit, "mpi": _mpi_launch_error(root)}
+    worker = threading.Thread(target=_local_runs, args=(root, results), daemon=True)
+    worker.start()
+
+    snapshots, requeued = [], False
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        state = status_json(life.root)
+        snapshots.append(state)
+        if not requeued and events(life, "checkpoint_saved"):
+            subprocess.run(["scontrol", "requeue", job_id], check=True, timeout=30)
+            requeued = True
+        if state["state"] in ENDED:
+            break
+        time.sleep(2)
+    results["life_snapshots"] = snapshots
+    slurm_cluster.wait_state(limit_id, ENDED, timeout=300)
+    worker.join(timeout=600)
+    # A resume under a changed spec: the checkpoints were made with 2 epochs.
+    changed = RunPaths(root / "changed")
+    shutil.copytree(life.root, changed.root)
+    changed.spec.write_text(changed.spec.read_text().replace("epochs: 2", "epochs: 3"))
+    results["spec"] = (changed, drive(changed, timeout=240))
+    return results
+
+
+def test_status_follows_a_slurm_run_through_a_requeue_to_completion(runs):
+    life, snapshots = runs["life"], runs["life_snapshots"]
+    running = [s for s in snapshots if s["state"] == "RUNNING" and s["step"]]
+    assert len({s["step"] for s in running}) >= 2, snapshots          # a growing step...
+    assert running[-1]["step"] > running[0]["step"]
+    assert all(s["throughput"]["recent"] > 0 and s["state_source"] == "squeue" for s in running)
+    assert any(s["eta_seconds"] is not None for s in running)          # ...with a rate and an ETA
+    final = snapshots[-1]
+    assert final["state"] == "COMPLETED", describe_failure(life)
+    assert final["requeues"] >= 1 and final["requeue_reasons"], final
+    last = [json.loads(line) for line in life.metrics.read_text().splitlines()
+            if "split" not in json.loads(line)][-1]
+    assert (final["step"], final["loss"]) == (last["step"], last["loss"]) == (final["total_steps"], last["loss"])
+    assert final["accuracy"] is not None and final["checkpoint_step"] == final["total_steps"]
+    # Accounting off (no sacct, no squeue): the events alone still say COMPLETED.
+    assert status_json(life.root, "--no-slurm")["state"] == "COMPLETED"
+
+
+def test_logs_split_the_requeued_runs_and_merge_ranks(runs):
+    life = runs["life"]
+    first = cli("logs", str(life.root), "--all-ranks", "--run", "0").stdout.splitlines()
+    second = cli("logs", str(life.root), "--all-ranks", "--run", "1").stdout.splitlines()
+    everything = cli("logs", str(life.root), "--all-ranks").stdout.splitlines()
+    assert first and second and len(first) + len(second) == len(everything)
+    for part in (first, second):                 # each run starts with both ranks' start lines
+        assert {line.split()[0] for line in part[:2]} == {"[rank"}
+        assert any("[rank 1]" in line and "rank 1/2" in line for line in part)
+    assert any("resumed from step" in line for line in second)
+    assert not any("resumed from step" in line for line in first)
+    only = cli("logs", str(life.root), "--rank", "1", "--grep", "done").stdout.splitlines()
+    assert only and all("rank 1 done" in line for line in only)
+
+
+def test_the_first_failed_rank_is_found_from_the_logs(runs, tmp_path):
+    assert "error" not in runs, runs.get("error")
+    oom, returncode = runs["oom"]
+    assert returncode != 0
+    # Remove the events' word on it: the logs alone must name rank 1.
+    blind = RunPaths(tmp_path / "blind")
+    shutil.copytree(oom.root, blind.root)
+    blind.events.write_text("".join(line + "\n" for line in oom.events.read_text().splitlines()
+                                    if '"rank_failed"' not in line))
+    result = diagnose(blind)
+    assert result.first_failure.rank == 1 and result.event_rank is None
+    assert "can't allocate memory" in result.first_failure.exception
+    ids = [s["id"] for s in result.signatures]
+    assert "cpu_oom" in ids and "connection_closed" in ids        # rank 0 lost its Gloo peer
+    out = cli("diagnose", str(oom.root))
+    assert out.returncode == 0
+    assert "first failed rank: 1" in out.stdout and "DefaultCPUAllocator" in out.stdout
+    assert "rank_failed event: agrees" in out.stdout
+
+
+def test_a_stalled_rank_is_reported_with_its_number(runs):
+    assert "error" not in runs, runs.get("error")
+    stall, returncode, seen = runs["stall"]
+    assert returncode == 0, describe_failure(stall)
+    live = [s for s in seen if s["health"]["stalled_ranks"]]
+    assert live and live[0]["health"]["stalled_ranks"] == [1], seen
+    assert "stalled rank(s): 1" in live[0]["health"]["message"]
+    result = diagnose(stall)
+    assert result.stalled_ranks == [1]
+    assert "stalled_collective" in [s["id"] for s in result.signatures]
+
+
+@pytest.mark.parametrize("name, signature", [("corrupt", "corrupt_shard"), ("spec", "spec_mismatch"),
+                                             ("mpi", "mpi_launch"), ("timelimit", "slurm_time_limit")])
+def test_real_failures_match_their_signatures(runs, name, signature):
+    assert "error" not in runs, runs.get("error")
+    found = runs[name]
+    paths = found[0] if isinstance(found, tuple) else found
+    if isinstance(found, tuple):
+        assert found[1] != 0, describe_failure(paths)
+    out = cli("diagnose", str(paths.root), "--json")
+    assert out.returncode == 0, out.stderr
+    ids = [s["id"] for s in json.loads(out.stdout)["signatures"]]
+    assert signature in ids, (ids, describe_failure(paths))
