@@ -193,10 +193,12 @@ class Trainer:
         return {"images_per_s": self.spec.global_batch * steps / elapsed}
 
     def _log(self, epoch: int, lr: float, window: Window) -> None:
+        # Beat before the collective: a rank stuck in its step then stays behind the others,
+        # whose beats already name this step (inspection finds stalled ranks that way).
+        self._heartbeat()
         # One small collective per logged step: the mean loss over all ranks.
         summed = self.backend.allreduce_sum(torch.tensor(self.loss_terms(window)))
         elapsed = window.elapsed()
-        self._heartbeat()
         if not self.identity.is_main:
             return
         record = {

@@ -1,8 +1,12 @@
 """Started by mpirun: a K x D pipeline vs. one process on the same model and batch.
 
-argv: STAGES MICROBATCHES SCHEDULE BACKEND REMAT STEPS OUT_DIR
-Every rank also computes the single-process reference itself (the model is tiny), then compares
-its stage's loss, gradients and, after STEPS optimizer steps, parameters. One JSON file per rank.
+argv: BACKEND STEPS OUT_DIR CONFIG...   with CONFIG = NAME:STAGES:MICROBATCHES:SCHEDULE:REMAT:PRECISION
+Configs run one after another in one launch (new process groups each), so the ranks pay the
+start-up once; results go to OUT_DIR/NAME/rank-N.json.
+Every rank also computes the single-process reference itself (the model is tiny, fp32), then
+compares its stage's loss, gradients and, after STEPS optimizer steps, parameters. One JSON file
+per rank. PRECISION "overflow" is fp16 with an inf planted in the last stage's gradient at the
+first step: every rank must skip that step and halve its loss scale.
 """
 
 from __future__ import annotations
@@ -27,14 +31,23 @@ BATCH_PER_REPLICA, SEQ, VOCAB = 8, 16, 64
 
 
 def main() -> None:
-    stages, micro, schedule, backend, remat, steps, out_dir = sys.argv[1:8]
-    stages, micro, steps, remat = int(stages), int(micro), int(steps), remat == "remat"
+    backend, steps, out_dir, *configs = sys.argv[1:]
     torch.set_num_threads(1)
     me = rank_from_env(os.environ)
+    init_world(me.rank, me.size, torch.device("cpu"))
+    for config in configs:
+        name, stages, micro, schedule, remat, precision = config.split(":")
+        result = compare(me, int(stages), int(micro), schedule, backend, remat == "remat",
+                         int(steps), precision)
+        Path(out_dir, name).mkdir(parents=True, exist_ok=True)
+        Path(out_dir, name, f"rank-{me.rank}.json").write_text(json.dumps(result))
+    torch.distributed.destroy_process_group()
+
+
+def compare(me, stages: int, micro: int, schedule: str, backend: str, remat: bool, steps: int,
+            precision: str) -> dict:
     layout = PipelineLayout(me.size, stages)
     device = torch.device("cpu")
-    init_world(me.rank, me.size, device)
-
     torch.manual_seed(0)
     model = gpt(VOCAB, layers=6, dim=32, heads=4, seq_len=SEQ)
     reference = copy.deepcopy(model)
@@ -55,18 +68,32 @@ def main() -> None:
         ref_opt.step()
 
     config = PipelineConfig(stages, micro, schedule, "auto", remat, backend)
-    engine = PipelineEngine(model, layout, me.rank, device, config, lm_loss, AgreedLossScaler())
+    overflow_test = precision == "overflow"
+    mode = "fp16" if overflow_test else precision
+    scaler = AgreedLossScaler(mode, init_scale=1024.0)
+    engine = PipelineEngine(model, layout, me.rank, device, config, lm_loss, scaler, mode)
     optimizer = torch.optim.AdamW(engine.parameters(), lr=1e-3)
     names = engine.module.block_state_dict
     result = {"rank": me.rank, "stage": engine.stage_index, "replica": engine.replica,
               "sizes": engine.sizes, "grad_diff": 0.0, "param_diff": 0.0, "loss_diff": 0.0}
     ref_params = dict(reference.named_parameters())
     meter = SavedTensorMeter(engine.module)
+    start_state = {n: t.clone() for n, t in names().items()}
+    result["applied"], result["scales"] = [], []
     for i, batch in enumerate(batches):
         part = batch[engine.replica * BATCH_PER_REPLICA:(engine.replica + 1) * BATCH_PER_REPLICA]
         optimizer.zero_grad()
         with meter:
             loss = engine.forward_backward(part[:, :-1], part[:, 1:])
+        if overflow_test:
+            if i == 0 and engine.is_last:
+                next(iter(engine.parameters())).grad.view(-1)[0] = float("inf")
+            result["applied"].append(engine.finish_step(optimizer))
+            result["scales"].append(scaler.scale)
+            if i == 0:
+                result["unchanged_after_skip"] = all(torch.equal(start_state[n], t)
+                                                     for n, t in names().items())
+            continue
         engine.reduce_gradients()
         if i == 0:
             grads = {n: p.grad for n, p in engine.module.named_parameters()}
@@ -85,8 +112,7 @@ def main() -> None:
     result["param_diff"] = max((state[n] - ref_params[n].detach()).abs().max().item()
                                for n in state if n in ref_params)
     result["peak_saved_bytes"] = meter.peak
-    engine.shutdown()
-    Path(out_dir, f"rank-{me.rank}.json").write_text(json.dumps(result))
+    return result
 
 
 if __name__ == "__main__":
