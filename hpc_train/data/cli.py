@@ -87,6 +87,48 @@ def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _tokenize(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from hpc_train.data.tokens import generate_corpus, tokenize_to_shards
+    from hpc_train.errors import DataError
+
+    if bool(args.files) == bool(args.generate):
+        raise DataError("give text FILES to tokenize, or --generate BYTES for a generated corpus")
+    if not 0 <= args.val_fraction < 1:
+        raise DataError(f"--val-fraction {args.val_fraction} must be >= 0 and < 1 (e.g. 0.05)")
+    if args.generate:
+        data = generate_corpus(args.generate, args.seed)
+    else:
+        try:   # files are read as bytes, in the order given: byte tokens need no decoding
+            data = b"".join(Path(f).read_bytes() for f in args.files)
+        except OSError as exc:
+            raise DataError(f"cannot read {exc.filename}: {exc.strerror}") from None
+    splits = tokenize_to_shards(data, Path(args.out), args.val_fraction, args.shard_tokens)
+    for name, manifest in splits.items():
+        if manifest:
+            print(f"{name}: {manifest['num_tokens']} tokens in {len(manifest['shards'])} shard(s) "
+                  f"under {Path(args.out) / name}")
+    print(f"train on it with data.kind: tokens, data.path: {args.out}, data.num_classes: 256")
+    return 0
+
+
+def _add_tokenize(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("tokenize", help="write byte-token HDF5 shards for the gpt model",
+                       description="Bytes of the given text files (or a generated English-like "
+                                   "corpus) into OUT/train and OUT/val token shards.")
+    p.add_argument("files", nargs="*", metavar="FILE", help="text files, concatenated in order")
+    p.add_argument("--out", required=True, metavar="DIR")
+    p.add_argument("--generate", type=positive_int, default=None, metavar="BYTES",
+                   help="instead of files: a generated corpus of this many bytes")
+    p.add_argument("--val-fraction", type=float, default=0.05, metavar="F",
+                   help="the last F of the bytes become the val split (default 0.05)")
+    p.add_argument("--shard-tokens", type=positive_int, default=64 << 20, metavar="N",
+                   help="tokens per shard file (default 64 Mi)")
+    p.add_argument("--seed", type=int, default=0, help="--generate: corpus seed")
+    p.set_defaults(handler=_tokenize)
+
+
 def _add_shard(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "shard", help="convert an image folder (ImageNet layout) into HDF5 shards",
@@ -122,6 +164,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     data = commands.add_parser("data", help="convert, check and describe HDF5 image shards")
     sub = data.add_subparsers(dest="data_command", metavar="DATA_COMMAND", required=True)
     _add_shard(sub)
+    _add_tokenize(sub)
 
     verify = sub.add_parser("verify", help="recheck checksums, attributes and every image",
                             description="Exit 0 when every shard matches its manifest and every "

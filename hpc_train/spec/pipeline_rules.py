@@ -74,7 +74,7 @@ def whole_pipelines(spec: JobSpec) -> list[Problem]:
                     f"(slurm.nodes {spec.slurm.nodes} x slurm.tasks_per_node "
                     f"{spec.slurm.tasks_per_node})", "ranks = stages x replicas: the rank count "
                     "must be a multiple of the stage count",
-                    f"use {enough} ranks (e.g. slurm.tasks_per_node), or a stage count "
+                    f"use {enough} ranks (slurm.nodes x slurm.tasks_per_node), or a stage count "
                     f"that divides {world}")]
 
 
@@ -122,11 +122,13 @@ def balance_matches_model(spec: JobSpec) -> list[Problem]:
 
 def pipeline_without_accumulation(spec: JobSpec) -> list[Problem]:
     if runs_stages(spec) and spec.parallel.accumulation > 1:
-        micro = spec.parallel.pipeline.microbatches * spec.parallel.accumulation
-        return [Problem("parallel.accumulation", f"{spec.parallel.accumulation} with a "
-                        "pipeline", "micro-batches already accumulate gradients within a "
-                        "pipeline step", f"set parallel.accumulation: 1 and a batch of "
-                        f"{micro} micro-batches (and data.batch_size x {spec.parallel.accumulation})")]
+        accumulation = spec.parallel.accumulation
+        micro = spec.parallel.pipeline.microbatches * accumulation
+        return [Problem("parallel.accumulation", f"{accumulation} with the pipeline engine (gpt)",
+                        "micro-batches already accumulate gradients within a pipeline step",
+                        f"for the same samples per step set parallel.accumulation: 1, "
+                        f"parallel.pipeline.microbatches: {micro} and data.batch_size: "
+                        f"{spec.data.batch_size * accumulation}")]
     return []
 
 

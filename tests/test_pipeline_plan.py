@@ -1,0 +1,136 @@
+"""Pure parts of the pipeline: rank layout, stage balance, bubble, the agreed loss scale,
+and the submit-time rules of pipeline specs."""
+
+from __future__ import annotations
+
+import inspect
+import itertools
+
+import pytest
+
+from hpc_train.parallel.pipeline.balance import (balance_blocks, bubble_fraction, stage_bounds,
+                                                 stage_costs)
+from hpc_train.parallel.pipeline.layout import PipelineLayout
+from hpc_train.spec import spec_from_dict
+from hpc_train.spec.pipeline_rules import GPT_DEFAULT_LAYERS
+from hpc_train.spec.problems import SpecInvalid
+
+
+def test_layout_puts_a_pipeline_on_consecutive_ranks():
+    layout = PipelineLayout(world=8, stages=4)
+    assert layout.replicas == 2
+    assert layout.all_pipelines() == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert layout.all_replica_sets() == [[0, 4], [1, 5], [2, 6], [3, 7]]
+    for rank in range(8):   # rank = replica * K + stage
+        assert rank == layout.replica_of(rank) * 4 + layout.stage_of(rank)
+        assert rank in layout.pipeline_ranks(layout.replica_of(rank))
+        assert rank in layout.replica_ranks(layout.stage_of(rank))
+
+
+def test_layout_refuses_partial_pipelines():
+    with pytest.raises(ValueError, match="multiple of the stage count"):
+        PipelineLayout(world=6, stages=4)
+
+
+def brute_force_best(costs, stages):
+    """The smallest possible largest-stage cost, over every contiguous cut."""
+    best = float("inf")
+    for cuts in itertools.combinations(range(1, len(costs)), stages - 1):
+        bounds = [0, *cuts, len(costs)]
+        best = min(best, max(sum(costs[a:b]) for a, b in zip(bounds, bounds[1:])))
+    return best
+
+
+@pytest.mark.parametrize("costs", [[1, 1, 1, 1], [5, 1, 1, 1, 1, 1, 1, 5], [1, 2, 3, 4, 5, 6, 7],
+                                   [10, 1, 1, 1, 1, 1, 1, 1, 1, 1], [0, 0, 0, 5], [3, 3, 3, 3, 3, 3],
+                                   [0.5, 0.25, 0.125, 2.0, 0.125, 1.0]])
+@pytest.mark.parametrize("stages", [1, 2, 3, 4])
+def test_balance_is_optimal_contiguous_and_non_empty(costs, stages):
+    if stages > len(costs):
+        pytest.skip("more stages than blocks")
+    sizes = balance_blocks(costs, stages)
+    assert len(sizes) == stages and all(s >= 1 for s in sizes) and sum(sizes) == len(costs)
+    assert max(stage_costs(costs, sizes)) == pytest.approx(brute_force_best(costs, stages), rel=1e-5)
+
+
+def test_balance_of_a_gpt_like_list_gives_the_big_ends_their_own_stages():
+    # Embedding and head are large, the layers equal: the cut keeps the stages near-equal.
+    costs = [8, 3, 3, 3, 3, 3, 3, 8]
+    assert balance_blocks(costs, 2) == [4, 4]
+    assert stage_bounds([4, 4]) == [(0, 4), (4, 8)]
+
+
+def test_balance_refuses_impossible_cuts():
+    with pytest.raises(ValueError, match="non-empty"):
+        balance_blocks([1, 1], 3)
+
+
+def test_bubble_formula():
+    assert bubble_fraction(2, 1) == 0.5
+    assert bubble_fraction(2, 4) == pytest.approx(1 / 5)
+    assert bubble_fraction(4, 8) == pytest.approx(3 / 11)
+    assert bubble_fraction(1, 8) == 0.0
+
+
+def test_agreed_scaler_halves_on_overflow_and_grows_after_good_steps():
+    torch = pytest.importorskip("torch")
+    from hpc_train.parallel.pipeline.scaler import AgreedLossScaler
+
+    scaler = AgreedLossScaler("fp16", "dynamic", init_scale=8.0, growth_interval=2)
+    scaler.update(overflow=True)
+    assert scaler.scale == 4.0
+    scaler.update(False)
+    scaler.update(False)
+    assert scaler.scale == 8.0
+    param = torch.nn.Parameter(torch.zeros(2))
+    param.grad = torch.tensor([8.0, float("inf")])
+    squares, bad = scaler.unscale_and_measure([param]).tolist()
+    assert bad == 1.0 and squares == 0.0
+    param.grad = torch.tensor([8.0, 16.0])
+    squares, bad = scaler.unscale_and_measure([param]).tolist()
+    assert bad == 0.0 and squares == pytest.approx(1.0 + 4.0)      # unscaled by 8
+    fixed = AgreedLossScaler("fp16", 128.0)
+    fixed.update(overflow=True)
+    assert fixed.scale == 128.0
+    assert AgreedLossScaler("bf16").loss_scale is None
+
+
+def test_rules_know_the_gpt_builders_default_depth():
+    from hpc_train.models.gpt import gpt
+
+    assert inspect.signature(gpt).parameters["layers"].default == GPT_DEFAULT_LAYERS
+
+
+def pipeline_spec(**pipeline):
+    return {"run": {"name": "t"}, "slurm": {"tasks_per_node": 4},
+            "data": {"kind": "text", "num_classes": 256, "batch_size": 16},
+            "model": {"name": "gpt", "options": {"layers": 4}},
+            "parallel": {"pipeline": pipeline}}
+
+
+def test_a_valid_pipeline_spec_and_its_batch_arithmetic():
+    spec = spec_from_dict(pipeline_spec(stages=2, microbatches=8, schedule="1f1b", balance=[3, 3]))
+    assert spec.replicas == 2 and spec.uses_pipeline
+    assert spec.global_batch == 16 * 2          # per replica x replicas, not x ranks
+
+
+@pytest.mark.parametrize("pipeline, key", [
+    ({"stages": 3, "microbatches": 4}, "parallel.pipeline.stages"),
+    ({"stages": 2, "microbatches": 3}, "parallel.pipeline.microbatches"),
+    ({"stages": 4, "microbatches": 2, "schedule": "1f1b"}, "parallel.pipeline.microbatches"),
+    ({"stages": 2, "microbatches": 4, "balance": [2, 2, 2]}, "parallel.pipeline.balance"),
+    ({"stages": 2, "microbatches": 4, "balance": [6, 0]}, "parallel.pipeline.balance"),
+    ({"stages": 4, "microbatches": 4, "balance": "auto", "remat": "yes please"},
+     "parallel.pipeline.remat"),
+])
+def test_wrong_pipeline_combinations_name_their_key(pipeline, key):
+    with pytest.raises(SpecInvalid) as caught:
+        spec_from_dict(pipeline_spec(**pipeline))
+    assert str(caught.value).startswith(key) or f"\n{key}" in str(caught.value), str(caught.value)
+
+
+def test_more_stages_than_blocks_is_refused():
+    data = pipeline_spec(stages=4, microbatches=4)
+    data["model"]["options"] = {"layers": 1}          # 3 blocks
+    with pytest.raises(SpecInvalid, match="every stage needs a block"):
+        spec_from_dict(data)
