@@ -45,11 +45,12 @@ def _load_for_submission(args: argparse.Namespace):
     from hpc_train.spec.paths import resolve_paths
 
     spec = resolve_paths(_load_checked(args))
-    if spec.data.kind == "hdf5" and not (Path(spec.data.path) / "train" / "manifest.json").is_file():
+    if spec.data.kind in ("hdf5", "tokens") and not (Path(spec.data.path) / "train" / "manifest.json").is_file():
         # A warning, not an error: compute nodes may mount paths this login node does not see.
+        command = "data shard" if spec.data.kind == "hdf5" else "data tokenize"
         print(f"warning: data.path: no {spec.data.path}/train/manifest.json visible from here; "
               "the job fails at start unless the compute nodes see it. Fix: convert the data with "
-              "`python -m hpc_train data shard --out` that directory", file=sys.stderr)
+              f"`python -m hpc_train {command} --out` that directory", file=sys.stderr)
     return spec
 
 
