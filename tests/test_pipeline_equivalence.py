@@ -39,7 +39,7 @@ def launch(mpirun_argv, python, out_dir, backend: str, configs: dict, steps: int
     argv = [*mpirun_argv(RANKS), "-x", "MASTER_ADDR=127.0.0.1", "-x", f"MASTER_PORT={free_port()}",
             "-x", "OMP_NUM_THREADS=1", python, str(REPO / "tests/workers/pipeline_equivalence.py"),
             backend, str(steps), str(out_dir), *specs]
-    out = subprocess.run(argv, capture_output=True, text=True, timeout=600)
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=600, check=False)
     assert out.returncode == 0, (out.stdout + out.stderr)[-4000:]
     results = {}
     for name in configs:

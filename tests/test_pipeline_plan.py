@@ -8,8 +8,7 @@ import itertools
 
 import pytest
 
-from hpc_train.parallel.pipeline.balance import (balance_blocks, bubble_fraction, stage_bounds,
-                                                 stage_costs)
+from hpc_train.parallel.pipeline.balance import balance_blocks, bubble_fraction, stage_bounds, stage_costs
 from hpc_train.parallel.pipeline.layout import PipelineLayout
 from hpc_train.spec import spec_from_dict
 from hpc_train.spec.pipeline_rules import GPT_DEFAULT_LAYERS

@@ -21,8 +21,8 @@ import torch
 
 from hpc_train.models.gpt import gpt, lm_loss
 from hpc_train.parallel.pipeline.engine import PipelineConfig, PipelineEngine
-from hpc_train.parallel.pipeline.layout import PipelineLayout
 from hpc_train.parallel.pipeline.groups import init_world
+from hpc_train.parallel.pipeline.layout import PipelineLayout
 from hpc_train.parallel.pipeline.memory import SavedTensorMeter
 from hpc_train.parallel.pipeline.scaler import AgreedLossScaler
 from hpc_train.runtime.identity import rank_from_env

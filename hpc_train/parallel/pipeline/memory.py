@@ -15,7 +15,7 @@ from torch import nn
 
 
 class _Saved:
-    __slots__ = ("tensor", "__weakref__")
+    __slots__ = ("__weakref__", "tensor")
 
     def __init__(self, tensor: torch.Tensor):
         self.tensor = tensor
@@ -44,7 +44,7 @@ class SavedTensorMeter:
     def _unpack(saved):
         return saved.tensor if isinstance(saved, _Saved) else saved
 
-    def __enter__(self) -> "SavedTensorMeter":
+    def __enter__(self) -> SavedTensorMeter:
         self._param_storages = {p.untyped_storage().data_ptr() for p in self.module.parameters()}
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
         self._hooks.__enter__()
