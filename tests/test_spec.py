@@ -277,3 +277,11 @@ def test_spec_package_stays_light_and_assert_free():
     assert out.stdout.strip() == "[]", out.stderr
     for source in (REPO / "hpc_train" / "spec").glob("*.py"):
         assert "assert " not in source.read_text(), f"{source.name}: never assert user input"
+
+
+@pytest.mark.parametrize("job", sorted((REPO / "jobs").glob("*.yaml")), ids=lambda p: p.name)
+def test_every_shipped_job_spec_is_valid_without_warnings(job):
+    from hpc_train.spec import validate_spec_file
+
+    spec, warnings = validate_spec_file(job)
+    assert spec.run.name and not warnings, [str(w) for w in warnings]
