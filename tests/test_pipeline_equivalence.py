@@ -18,8 +18,9 @@ from tests.test_accumulation import free_port
 pytestmark = [pytest.mark.slow, pytest.mark.mpi]
 
 RANKS = 4
-# name: stages, micro-batches, schedule, remat, precision (4 ranks: replicas = 4 / stages)
+# name: stages, micro-batches, schedule, remat, precision[, balance, clip] (replicas = 4 / stages)
 CONFIGS = {
+    "k2d2-time-clip": (2, 4, "1f1b", False, "fp32", "time", 0.05),
     "k4-gpipe": (4, 4, "gpipe", False, "fp32"),
     "k4-1f1b": (4, 4, "1f1b", False, "fp32"),
     "k2d2-gpipe": (2, 4, "gpipe", False, "fp32"),
@@ -34,8 +35,8 @@ HOROVOD_CONFIGS = {"k2d2-1f1b-horovod": (2, 4, "1f1b", False, "fp32")}
 
 
 def launch(mpirun_argv, python, out_dir, backend: str, configs: dict, steps: int = 3) -> dict:
-    specs = [f"{name}:{k}:{m}:{s}:{'remat' if r else 'plain'}:{p}"
-             for name, (k, m, s, r, p) in configs.items()]
+    specs = [":".join([name, str(k), str(m), s, "remat" if r else "plain", *map(str, rest)])
+             for name, (k, m, s, r, *rest) in configs.items()]
     argv = [*mpirun_argv(RANKS), "-x", "MASTER_ADDR=127.0.0.1", "-x", f"MASTER_PORT={free_port()}",
             "-x", "OMP_NUM_THREADS=1", python, str(REPO / "tests/workers/pipeline_equivalence.py"),
             backend, str(steps), str(out_dir), *specs]
@@ -75,6 +76,13 @@ def assert_matches_one_process(results: list[dict], stages: int, tolerance: floa
 @pytest.mark.parametrize("name", ["k4-gpipe", "k4-1f1b", "k2d2-gpipe", "k2d2-1f1b", "k1d4"])
 def test_pipeline_matches_one_process(name, ddp_results):
     assert_matches_one_process(ddp_results[name], CONFIGS[name][0])
+
+
+def test_timed_balance_and_global_norm_clipping_match_one_process(ddp_results):
+    # Rank 0 times the blocks and broadcasts the cut: every rank must cut alike. The clip
+    # threshold is far below the gradient norm, so every step clips, by the norm over all stages.
+    results = ddp_results["k2d2-time-clip"]
+    assert_matches_one_process(results, 2)
 
 
 @pytest.mark.horovod

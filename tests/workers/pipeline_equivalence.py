@@ -1,6 +1,8 @@
 """Started by mpirun: a K x D pipeline vs. one process on the same model and batch.
 
-argv: BACKEND STEPS OUT_DIR CONFIG...   with CONFIG = NAME:STAGES:MICROBATCHES:SCHEDULE:REMAT:PRECISION
+argv: BACKEND STEPS OUT_DIR CONFIG...
+CONFIG = NAME:STAGES:MICROBATCHES:SCHEDULE:REMAT:PRECISION[:BALANCE[:CLIP]] (BALANCE auto|time,
+CLIP a max gradient norm, 0 = none; both sides clip, the pipeline with its global norm)
 Configs run one after another in one launch (new process groups each), so the ranks pay the
 start-up once; results go to OUT_DIR/NAME/rank-N.json.
 Every rank also computes the single-process reference itself (the model is tiny, fp32), then
@@ -36,16 +38,17 @@ def main() -> None:
     me = rank_from_env(os.environ)
     init_world(me.rank, me.size, torch.device("cpu"))
     for config in configs:
-        name, stages, micro, schedule, remat, precision = config.split(":")
+        name, stages, micro, schedule, remat, precision, *rest = config.split(":")
+        balance, clip = (rest + ["auto", "0"][len(rest):])[:2]
         result = compare(me, int(stages), int(micro), schedule, backend, remat == "remat",
-                         int(steps), precision)
+                         int(steps), precision, balance, float(clip) or None)
         Path(out_dir, name).mkdir(parents=True, exist_ok=True)
         Path(out_dir, name, f"rank-{me.rank}.json").write_text(json.dumps(result))
     torch.distributed.destroy_process_group()
 
 
 def compare(me, stages: int, micro: int, schedule: str, backend: str, remat: bool, steps: int,
-            precision: str) -> dict:
+            precision: str, balance: str = "auto", clip: float | None = None) -> dict:
     layout = PipelineLayout(me.size, stages)
     device = torch.device("cpu")
     torch.manual_seed(0)
@@ -62,16 +65,19 @@ def compare(me, stages: int, micro: int, schedule: str, backend: str, remat: boo
         ref_opt.zero_grad()
         loss = lm_loss(reference(batch[:, :-1]), batch[:, 1:])
         loss.backward()
+        if clip is not None:
+            torch.nn.utils.clip_grad_norm_(reference.parameters(), clip)
         if i == 0:
             ref_grads = {n: p.grad.clone() for n, p in reference.named_parameters()}
         ref_losses.append(loss.item())
         ref_opt.step()
 
-    config = PipelineConfig(stages, micro, schedule, "auto", remat, backend)
+    config = PipelineConfig(stages, micro, schedule, balance, remat, backend)
     overflow_test = precision == "overflow"
     mode = "fp16" if overflow_test else precision
     scaler = AgreedLossScaler(mode, init_scale=1024.0)
-    engine = PipelineEngine(model, layout, me.rank, device, config, lm_loss, scaler, mode)
+    example = batches[0][:BATCH_PER_REPLICA // micro, :-1]        # one micro-batch, for "time"
+    engine = PipelineEngine(model, layout, me.rank, device, config, lm_loss, scaler, mode, example)
     optimizer = torch.optim.AdamW(engine.parameters(), lr=1e-3)
     names = engine.module.block_state_dict
     result = {"rank": me.rank, "stage": engine.stage_index, "replica": engine.replica,
@@ -94,8 +100,8 @@ def compare(me, stages: int, micro: int, schedule: str, backend: str, remat: boo
                 result["unchanged_after_skip"] = all(torch.equal(start_state[n], t)
                                                      for n, t in names().items())
             continue
-        engine.reduce_gradients()
-        if i == 0:
+        engine.finish_step(optimizer, clip)       # reduce, agree, clip, step
+        if i == 0:   # the gradients the step used (clipped when asked)
             grads = {n: p.grad for n, p in engine.module.named_parameters()}
             result["grad_diff"] = max((grads[f"blocks.{n}"] - ref_grads[n]).abs().max().item()
                                       for n in names())
@@ -107,7 +113,6 @@ def compare(me, stages: int, micro: int, schedule: str, backend: str, remat: boo
             summed = engine.collectives.allreduce_sum(torch.tensor([0.0]))
         mean_loss = summed.item() / layout.replicas
         result["loss_diff"] = max(result["loss_diff"], abs(mean_loss - ref_losses[i]))
-        optimizer.step()
     state = names()
     result["param_diff"] = max((state[n] - ref_params[n].detach()).abs().max().item()
                                for n in state if n in ref_params)
