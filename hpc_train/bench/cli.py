@@ -95,9 +95,44 @@ def _add_inspect(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=_inspect)
 
 
+def _pipeline(args: argparse.Namespace) -> int:
+    from hpc_train.bench.pipeline import main
+
+    return main(args)
+
+
+def _add_pipeline(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "pipeline", help="pipeline bubble vs. (K-1)/(M+K-1), step time, stage memory with/without remat",
+        description="Start K ranks on this host with mpirun, one per pipeline stage of a GPT model; "
+                    "for each micro-batch count M (the global batch fixed) and remat off/on, time "
+                    "steps and report the measured bubble (1 - busy/schedule time, mean over stages) "
+                    "next to GPipe's (K-1)/(M+K-1), and each stage's peak activation memory.")
+    p.add_argument("--stages", type=positive_int, default=2, metavar="K", help="pipeline stages = ranks (2)")
+    p.add_argument("--microbatches", metavar="M,M,...",
+                   help="micro-batch counts (default 1,2,4,8; with 1f1b those >= K)")
+    p.add_argument("--layers", type=positive_int, default=8, metavar="N", help="transformer layers (8)")
+    p.add_argument("--dim", type=positive_int, default=256, metavar="N", help="model width (256)")
+    p.add_argument("--heads", type=positive_int, default=4, metavar="N", help="attention heads (4)")
+    p.add_argument("--seq-len", type=positive_int, default=128, metavar="N", help="tokens per sequence (128)")
+    p.add_argument("--batch", type=positive_int, default=16, metavar="N",
+                   help="sequences per step, the same for every M (16)")
+    p.add_argument("--steps", type=positive_int, default=5, metavar="N", help="timed steps; the median counts (5)")
+    p.add_argument("--warmup", type=positive_int, default=2, metavar="N", help="untimed steps first (2)")
+    p.add_argument("--schedule", choices=("gpipe", "1f1b"), default="gpipe", help="(gpipe)")
+    p.add_argument("--balance", choices=("auto", "time"), default="auto",
+                   help="stage cut by parameter count (auto) or by timing blocks (time)")
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="(auto: cuda if any)")
+    p.add_argument("--threads", type=positive_int, default=None, metavar="N",
+                   help="torch threads per rank on CPU (default: cores / stages)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(handler=_pipeline)
+
+
 def register(commands: argparse._SubParsersAction) -> None:
     bench = commands.add_parser("bench", help="benchmarks: ours vs. a baseline, measured in one run")
     sub = bench.add_subparsers(dest="bench_command", metavar="BENCH_COMMAND", required=True)
     _add_data(sub)
     _add_checkpoint(sub)
     _add_inspect(sub)
+    _add_pipeline(sub)
