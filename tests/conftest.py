@@ -8,7 +8,6 @@ a failure, never a skip: the end-to-end tests are the point.
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -17,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from hpc_train.launch.mpi import local_run_flags, parse_mpirun_version
+from hpc_train.launch.local import find_local_mpirun
 
 REPO = Path(__file__).resolve().parents[1]
 IN_CI = os.environ.get("CI", "").lower() == "true"
@@ -85,17 +84,10 @@ def slurm_cluster():
 @pytest.fixture(scope="session")
 def mpirun_argv():
     """`mpirun_argv(n)` -> the argv prefix that starts n ranks on this host."""
-    mpirun = shutil.which("mpirun")
+    mpirun = find_local_mpirun()
     if mpirun is None:
         _unavailable("mpirun not on PATH (bash env/setup.sh installs OpenMPI)")
-    info = parse_mpirun_version(subprocess.run([mpirun, "--version"], capture_output=True,
-                                               text=True, timeout=20).stdout)
-
-    def build(n: int) -> list[str]:
-        flags = local_run_flags(info.flavour, as_root=os.geteuid() == 0, oversubscribe=True)
-        return [mpirun, "-np", str(n), *flags]
-
-    return build
+    return mpirun.argv
 
 
 @pytest.fixture(scope="session")

@@ -3,21 +3,15 @@
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 
 import pytest
 import torch
 
+from hpc_train.launch.local import free_port
 from hpc_train.train.precision import Precision
 from hpc_train.train.step import optimizer_step
 from tests.conftest import REPO
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _linear_model(seed: int = 0) -> torch.nn.Module:

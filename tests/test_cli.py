@@ -28,7 +28,8 @@ def test_login_node_modules_do_not_import_heavy_libraries():
         "hpc_train.slurm.submit, hpc_train.slurm.driver, hpc_train.slurm.render, hpc_train.rundir, "
         "hpc_train.inspect.cli, hpc_train.inspect.runstate, hpc_train.inspect.logs, "
         "hpc_train.inspect.diagnose, hpc_train.inspect.render, hpc_train.inspect.plot, "
-        "hpc_train.bench.inspect; "
+        "hpc_train.bench.inspect, hpc_train.bench.pipeline, hpc_train.launch.local, "
+        "hpc_train.spec.pipeline_rules; "
         "heavy = [m for m in ('torch', 'horovod', 'h5py', 'mpi4py') if m in sys.modules]; "
         "hpc_train.cli.build_parser(); print(','.join(heavy))"
     )

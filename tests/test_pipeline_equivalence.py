@@ -12,8 +12,8 @@ import subprocess
 
 import pytest
 
+from hpc_train.launch.local import free_port
 from tests.conftest import REPO
-from tests.test_accumulation import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.mpi]
 

@@ -10,17 +10,14 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-from hpc_train import _proc
 from hpc_train.errors import HpcTrainError, LaunchError
-from hpc_train.launch.mpi import local_run_flags, parse_mpirun_version
+from hpc_train.launch.local import find_local_mpirun, free_port
 
 DEFAULT_M = (1, 2, 4, 8)
 TOLERANCE, FROM_M = 0.10, 4      # the issue's criterion: |measured - formula| <= 0.10 for M >= 4
@@ -120,24 +117,16 @@ def render(report: dict, tty: bool) -> None:
     Console().print(table)
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def _local_mpirun(ranks: int) -> list[str]:
-    mpirun = shutil.which("mpirun")
+    mpirun = find_local_mpirun()
     if mpirun is None:
         raise LaunchError("mpirun is not on PATH (bash env/setup.sh installs OpenMPI)")
-    info = parse_mpirun_version(_proc.run([mpirun, "--version"], timeout=20).stdout)
-    return [mpirun, "-np", str(ranks), *local_run_flags(info.flavour, as_root=os.geteuid() == 0,
-                                                        oversubscribe=True)]
+    return mpirun.argv(ranks)
 
 
 def launch(settings: dict) -> list[dict]:
     """Run the ranks on this host; their results, one dict per rank. Progress goes to stderr."""
-    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
+    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     with tempfile.TemporaryDirectory(prefix="bench-pipeline-") as tmp:
         argv = [*_local_mpirun(settings["stages"]), sys.executable, "-m", "hpc_train.bench.pipeline_rank",
                 tmp, json.dumps(settings)]

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import socket
 import sys
 import time
@@ -18,7 +17,8 @@ from enum import Enum
 from importlib import metadata
 
 from hpc_train import _proc
-from hpc_train.launch.mpi import MpiFlavour, local_run_flags, parse_mpirun_version
+from hpc_train.launch.local import find_local_mpirun
+from hpc_train.launch.mpi import MpiFlavour
 
 SETUP_FIX = "run `bash env/setup.sh` from the repository root"
 SLURM_FIX = "start the single-node cluster with `bash env/slurm/start.sh`, or load your site's Slurm module"
@@ -145,16 +145,14 @@ def check_torch_horovod_gpus() -> list[Check]:
 
 
 def check_mpirun() -> list[Check]:
-    mpirun = shutil.which("mpirun")
+    mpirun = find_local_mpirun()
     if mpirun is None:
         return [Check("mpirun", Status.FAIL, "not on PATH",
                       "Debian: apt-get install openmpi-bin libopenmpi-dev; HPC: module load openmpi")]
-    info = parse_mpirun_version(_proc.run([mpirun, "--version"], timeout=20).stdout)
+    info = mpirun.info
     status = Status.OK if info.flavour is not MpiFlavour.UNKNOWN else Status.WARN
-    rows = [Check("mpirun", status, f"{info.describe()} at {mpirun}")]
-    argv = [mpirun, "-np", "2",
-            *local_run_flags(info.flavour, as_root=os.geteuid() == 0, oversubscribe=True),
-            sys.executable, "-m", "hpc_train.doctor.mpi_probe"]
+    rows = [Check("mpirun", status, f"{info.describe()} at {mpirun.path}")]
+    argv = [*mpirun.argv(2), sys.executable, "-m", "hpc_train.doctor.mpi_probe"]
     start = time.perf_counter()
     res = _proc.run(argv, timeout=90)
     wall = time.perf_counter() - start

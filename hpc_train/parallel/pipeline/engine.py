@@ -53,7 +53,12 @@ def choose_sizes(full: nn.Sequential, config: PipelineConfig, example: torch.Ten
 
 
 class BusyClock:
-    """Seconds this stage spends computing (forward + backward chunks): 1 - busy/step = bubble."""
+    """Seconds this stage spends computing (forward + backward chunks): 1 - busy/step = bubble.
+
+    Python-side time: right on CPUs. On a GPU kernels finish after the call returns; the
+    benchmark wraps the chunks in synchronizes for that (bench/pipeline_rank.stage_clock),
+    which training must not pay.
+    """
 
     def __init__(self, stage: PipelineStage):
         self.seconds = 0.0
