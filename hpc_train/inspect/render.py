@@ -97,7 +97,7 @@ def print_runs(statuses: list[RunStatus], out=None) -> None:
 
 
 def diagnosis_text(d: Diagnosis) -> str:
-    lines = [f"run {d.run} of {d.runs - 1} (0-based; --run K picks another)"]
+    lines = [f"run {d.run} of runs 0..{d.runs - 1} (--run K picks another)"]
     if d.first_failure:
         f = d.first_failure
         lines.append(f"first failed rank: {f.rank} (first traceback by time in the rank logs)")
