@@ -1,6 +1,10 @@
 """A pipeline job through `submit` on the real Slurm: 2 stages x 2 replicas of the gpt model,
 stopped mid-run by USR2 (what Slurm sends before the time limit), requeued by its driver, and
-resumed to exactly the weights and losses of an uninterrupted run."""
+resumed to exactly the weights and losses of an uninterrupted run.
+
+The interrupted run reads HDF5 token shards written by `data tokenize --generate` from the same
+bytes that the uninterrupted run generates in memory (`data.kind: text`), so equal results also
+show that the two data paths feed identical samples."""
 
 from __future__ import annotations
 
@@ -10,7 +14,7 @@ import time
 import pytest
 
 from hpc_train.rundir import read_jsonl
-from tests.runs import describe_failure, events, heartbeat_step, submit
+from tests.runs import cli, describe_failure, events, heartbeat_step, submit
 
 pytestmark = [pytest.mark.slurm, pytest.mark.mpi, pytest.mark.slow]
 
@@ -25,9 +29,15 @@ STOP_AT_STEP = 12   # between periodic checkpoints: only the stop's own save has
 @pytest.fixture(scope="module")
 def runs(slurm_cluster, tmp_path_factory):
     root = tmp_path_factory.mktemp("pipeline")
+    shards = root / "tokens"
+    # The text run's corpus: train_samples (2048) x seq_len (64) + 1 bytes, seed run.seed (0).
+    out = cli("data", "tokenize", "--generate", str(2048 * 64 + 1), "--val-fraction", "0",
+              "--out", str(shards))
+    assert out.returncode == 0, out.stderr
+    data = {"interrupted": ["data.kind=tokens", f"data.path={shards}"], "straight": []}
     submitted = {}
     for name in ("interrupted", "straight"):       # the node runs one 4-rank job at a time
-        job_id, paths = submit(SPEC, root, f"run.name={name}", *RUN)
+        job_id, paths = submit(SPEC, root, f"run.name={name}", *RUN, *data[name])
         slurm_cluster.job_ids.append(job_id)
         submitted[name] = (job_id, paths)
     job_id, paths = submitted["interrupted"]
