@@ -74,11 +74,17 @@ def test_truncated_or_corrupt_shards_raise_data_errors(shards, tmp_path):
         del f["tokens"]
         f.create_dataset("tokens", data=np.zeros(100, dtype=np.uint8))
     dataset = TokenShards(copy, "train", seq_len=32)
-    with pytest.raises(DataError, match="tokens-00000.h5.*short"):
+    with pytest.raises(DataError, match="tokens-00000.h5.*short") as truncated:
         dataset[50]
     (copy / "train" / "tokens-00001.h5").write_bytes(b"not hdf5 at all")
-    with pytest.raises(DataError, match="tokens-00001.h5: cannot read token shard"):
+    with pytest.raises(DataError, match="tokens-00001.h5: cannot read token shard") as unreadable:
         dataset[len(dataset) // 2]
+    # `diagnose` knows both, as a rank's log shows them (the last line of the traceback).
+    from hpc_train.inspect.signatures import match_signatures
+
+    for caught in (truncated, unreadable):
+        line = f"hpc_train.errors.DataError: {caught.value}"
+        assert [m.signature.id for m in match_signatures([("rank-00000.log", line)])] == ["corrupt_shard"]
 
 
 def test_tokenize_refuses_a_missing_input(tmp_path):

@@ -25,7 +25,8 @@ SIGNATURES: tuple[Signature, ...] = (
     Signature("cuda_oom", "GPU out of memory",
               (r"CUDA out of memory", r"torch\.(cuda\.)?OutOfMemoryError", r"CUBLAS_STATUS_ALLOC_FAILED"),
               "lower data.batch_size (raise parallel.accumulation to keep the global batch), use "
-              "precision.mode=bf16/fp16, or a smaller model"),
+              "precision.mode=bf16/fp16, or a smaller model; for gpt, parallel.pipeline.remat: "
+              "true, more micro-batches (1F1B) or more stages"),
     Signature("cpu_oom", "host out of memory",
               (r"can't allocate memory", r"^\s*MemoryError\b", r"\bMemoryError:", r"oom[-_]kill",
                r"Out of memory: Kill", r"State=OUT_OF_MEMORY"),
@@ -64,7 +65,8 @@ SIGNATURES: tuple[Signature, ...] = (
               "resubmit (python -m hpc_train resume RUN_DIR); tell the admins the node name"),
     Signature("corrupt_shard", "corrupt or unreadable data shard",
               (r"cannot open as a shard", r"DataError: .* is unreadable",
-               r"record \d+ \(global index \d+, key"),
+               r"record \d+ \(global index \d+, key", r"cannot read token shard",
+               r"the shard is truncated"),
               "python -m hpc_train data verify the shard directory, then re-convert the bad shard"),
     Signature("spec_mismatch", "spec changed since the checkpoint",
               (r"the run's spec changed since its checkpoint",),
