@@ -69,6 +69,10 @@ def assert_matches_one_process(results: list[dict], stages: int, tolerance: floa
         assert r["grad_diff"] < tolerance, r   # every gradient of the first step
         assert r["loss_diff"] < tolerance, r   # the loss of every step
         assert r["param_diff"] < tolerance, r  # every parameter after the optimizer steps
+    last = [r for r in results if r["stage"] == stages - 1]
+    assert len(last) == RANKS // stages                 # each replica's last stage evaluated
+    for r in last:
+        assert r["eval_loss_diff"] < 1e-4 and r["eval_correct_diff"] <= 1, r
     assert all(r["sizes"] == results[0]["sizes"] for r in results)
     assert sum(results[0]["sizes"]) == 8 and len(results[0]["sizes"]) == stages  # 6 layers + 2
 

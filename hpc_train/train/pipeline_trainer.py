@@ -80,12 +80,18 @@ class PipelineTrainer(Trainer):
     @torch.no_grad()
     def evaluate(self, epoch: int) -> None:
         totals = torch.zeros(3, dtype=torch.float64)   # loss sum, correct tokens, tokens
+        skipped = 0
         for inputs, targets in self.val_loader:
-            if len(inputs) % self.spec.parallel.pipeline.microbatches:
-                continue                               # a short last batch cannot be split alike
+            if len(inputs) != self.spec.data.batch_size:
+                # The stages fixed their micro-batch shapes at the first step; a short last
+                # batch would not match them, so it is left out (fewer than one batch per replica).
+                skipped += len(inputs)
+                continue
             part = self.engine.evaluate(inputs, targets)
             if part is not None:
                 totals += part
+        if skipped and self.identity.is_main:
+            log.info("eval: %d sequence(s) of a short last batch left out on this replica", skipped)
         totals = self.backend.allreduce_sum(totals)
         if self.identity.is_main and totals[2] > 0:
             record = {"time": time.time(), "step": self.step, "epoch": epoch, "split": "val",

@@ -113,6 +113,17 @@ def compare(me, stages: int, micro: int, schedule: str, backend: str, remat: boo
             summed = engine.collectives.allreduce_sum(torch.tensor([0.0]))
         mean_loss = summed.item() / layout.replicas
         result["loss_diff"] = max(result["loss_diff"], abs(mean_loss - ref_losses[i]))
+    # Evaluation (forward only) after training: the last stage's loss and accuracy on the
+    # replica's part of a new batch, against the trained single-process model.
+    batch = torch.randint(VOCAB, (BATCH_PER_REPLICA * layout.replicas, SEQ + 1), generator=gen)
+    part = batch[engine.replica * BATCH_PER_REPLICA:(engine.replica + 1) * BATCH_PER_REPLICA]
+    totals = engine.evaluate(part[:, :-1], part[:, 1:])
+    if totals is not None:
+        with torch.no_grad():
+            logits = reference(part[:, :-1])
+        loss_sum, correct, tokens = totals.tolist()
+        result["eval_loss_diff"] = abs(loss_sum / tokens - lm_loss(logits, part[:, 1:]).item())
+        result["eval_correct_diff"] = abs(correct - (logits.argmax(-1) == part[:, 1:]).sum().item())
     state = names()
     result["param_diff"] = max((state[n] - ref_params[n].detach()).abs().max().item()
                                for n in state if n in ref_params)
