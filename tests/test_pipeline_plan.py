@@ -133,3 +133,12 @@ def test_more_stages_than_blocks_is_refused():
     data["model"]["options"] = {"layers": 1}          # 3 blocks
     with pytest.raises(SpecInvalid, match="every stage needs a block"):
         spec_from_dict(data)
+
+
+def test_a_requeued_run_reuses_its_first_timed_cut():
+    from hpc_train.train.pipeline_trainer import earlier_cut
+
+    assert earlier_cut([{"event": "started"}]) is None
+    events = [{"event": "pipeline_cut", "sizes": [4, 2]}, {"event": "resumed"},
+              {"event": "pipeline_cut", "sizes": [3, 3]}]
+    assert earlier_cut(events) == (4, 2)

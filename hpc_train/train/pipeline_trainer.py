@@ -21,7 +21,7 @@ from hpc_train.parallel.pipeline.engine import PipelineConfig, PipelineEngine
 from hpc_train.parallel.pipeline.groups import init_world
 from hpc_train.parallel.pipeline.layout import PipelineLayout
 from hpc_train.parallel.pipeline.scaler import AgreedLossScaler
-from hpc_train.rundir import append_jsonl
+from hpc_train.rundir import append_jsonl, read_jsonl, record_event
 from hpc_train.train.meters import Window
 from hpc_train.train.optim import build_optimizer
 from hpc_train.train.trainer import Trainer, log
@@ -29,6 +29,12 @@ from hpc_train.train.trainer import Trainer, log
 
 def stage_file(stage: int) -> str:
     return f"stage-{stage:05d}.pt"
+
+
+def earlier_cut(events) -> tuple[int, ...] | None:
+    """The stage sizes a timed balance chose on the run's first start, if it started before."""
+    cuts = [e["sizes"] for e in events if e.get("event") == "pipeline_cut"]
+    return tuple(cuts[0]) if cuts else None
 
 
 class PipelineTrainer(Trainer):
@@ -40,6 +46,11 @@ class PipelineTrainer(Trainer):
         torch.manual_seed(spec.run.seed)   # every rank builds the same full model, keeps a stage
         full = build_model("gpt", spec.data.num_classes, seq_len=spec.data.seq_len, **spec.model.options)
         balance = pipe.balance if isinstance(pipe.balance, str) else tuple(pipe.balance)
+        earlier = earlier_cut(read_jsonl(self.paths.events)) if balance == "time" else None
+        if earlier:
+            # A requeued job keeps its first timed cut: its checkpoints hold those stages, and
+            # a new timing (other node, other load) may cut elsewhere.
+            balance = earlier
         config = PipelineConfig(pipe.stages, pipe.microbatches, pipe.schedule, balance, pipe.remat,
                                 spec.parallel.backend)
         micro = spec.data.batch_size // pipe.microbatches
@@ -52,6 +63,9 @@ class PipelineTrainer(Trainer):
         self.backend = self.engine          # allreduce_sum / barrier / shutdown over the world
         self.model = self.engine.module
         self.optimizer = build_optimizer(spec.optim, self.engine.parameters(), lr=spec.scaled_lr)
+        if me.is_main and not earlier:
+            record_event(self.paths, "pipeline_cut", sizes=list(self.engine.sizes),
+                         balance=pipe.balance)
         if me.is_main:
             log.info("pipeline: %d stages x %d replicas, blocks per stage %s, %s, %d micro-batches%s",
                      pipe.stages, self.layout.replicas, self.engine.sizes, pipe.schedule,
