@@ -9,11 +9,9 @@ its own weights and optimizer (written once per stage, by replica 0).
 
 from __future__ import annotations
 
-import time
-
 import torch
 
-from hpc_train.checkpoint.rng import capture_rng, restore_rng
+from hpc_train.checkpoint.rng import capture_rng
 from hpc_train.errors import CheckpointError
 from hpc_train.models import build_model
 from hpc_train.models.gpt import lm_loss
@@ -21,7 +19,8 @@ from hpc_train.parallel.pipeline.engine import PipelineConfig, PipelineEngine
 from hpc_train.parallel.pipeline.groups import init_world
 from hpc_train.parallel.pipeline.layout import PipelineLayout
 from hpc_train.parallel.pipeline.scaler import AgreedLossScaler
-from hpc_train.rundir import append_jsonl, read_jsonl, record_event
+from hpc_train.rundir import read_jsonl, record_event
+from hpc_train.train import state
 from hpc_train.train.meters import Window
 from hpc_train.train.optim import build_optimizer
 from hpc_train.train.trainer import Trainer, log
@@ -106,23 +105,11 @@ class PipelineTrainer(Trainer):
                 totals += part
         if skipped and self.identity.is_main:
             log.info("eval: %d sequence(s) of a short last batch left out on this replica", skipped)
-        totals = self.backend.allreduce_sum(totals)
-        if self.identity.is_main and totals[2] > 0:
-            record = {"time": time.time(), "step": self.step, "epoch": epoch, "split": "val",
-                      "loss": totals[0].item() / totals[2].item(),
-                      "accuracy": totals[1].item() / totals[2].item()}
-            append_jsonl(self.paths.metrics, record)
-            log.info("eval epoch %d loss %.4f next-token accuracy %.3f", epoch, record["loss"],
-                     record["accuracy"])
+        self.record_evaluation(epoch, totals, "next-token accuracy")
 
     # -- checkpoints: the stage's own file, written by replica 0 of each stage ------------------
     def capture_state(self) -> tuple[dict, dict, dict]:
-        replicated = {
-            "precision": self.precision.state_dict(), "schedule": self.schedule.state_dict(),
-            "step": self.step, "stage_sizes": list(self.engine.sizes), "spec": self.spec_dict,
-            "sampler": self.sampler.state_dict(
-                self.consumed_in_epoch(self.step % self.steps_per_epoch)),
-        }
+        replicated = {**state.capture_progress(self), "stage_sizes": list(self.engine.sizes)}
         per_rank = {"rng": capture_rng(), "rank": self.identity.rank}
         files = {}
         if self.engine.replica == 0:
@@ -140,14 +127,8 @@ class PipelineTrainer(Trainer):
         stage = load_file(stage_file(self.engine.stage_index))
         self.engine.module.load_block_state_dict(stage["model"])
         self.optimizer.load_state_dict(stage["optimizer"])
-        self.precision.load_state_dict(replicated["precision"])
-        self.schedule.load_state_dict(replicated["schedule"])
-        self.step = int(replicated["step"])
-        self.sampler.load_state_dict(replicated["sampler"])
-        if per_rank is not None:
-            restore_rng(per_rank["rng"])
-        else:
-            torch.manual_seed(self.spec.run.seed + 7919 * self.identity.rank + self.step)
+        state.restore_progress(self, replicated)
+        state.restore_streams(self, per_rank)
 
 
 def make_trainer(spec, paths, identity, stop=None) -> Trainer:

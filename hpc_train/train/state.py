@@ -19,11 +19,9 @@ def unwrap(model: torch.nn.Module) -> torch.nn.Module:
     return getattr(model, "module", model)  # DDP keeps the real model in .module
 
 
-def capture(trainer) -> tuple[dict, dict]:
-    model = unwrap(trainer.model)
-    replicated = {
-        "model": model.state_dict(),
-        "optimizer": trainer.optimizer.state_dict(),
+def capture_progress(trainer) -> dict:
+    """Where training stands, the same on every rank: every trainer saves this."""
+    return {
         "precision": trainer.precision.state_dict(),
         "schedule": trainer.schedule.state_dict(),
         "step": trainer.step,
@@ -32,6 +30,12 @@ def capture(trainer) -> tuple[dict, dict]:
             trainer.consumed_in_epoch(trainer.step % trainer.steps_per_epoch)),
         "spec": trainer.spec_dict,
     }
+
+
+def capture(trainer) -> tuple[dict, dict]:
+    model = unwrap(trainer.model)
+    replicated = {"model": model.state_dict(), "optimizer": trainer.optimizer.state_dict(),
+                  **capture_progress(trainer)}
     per_rank = {"rng": capture_rng(), "buffers": dict(model.named_buffers()), "rank": trainer.identity.rank}
     return replicated, per_rank
 
@@ -45,19 +49,29 @@ def check_spec(saved_spec: dict, current_spec: dict, allowed: bool) -> list[str]
     return changed
 
 
-def restore(trainer, replicated: dict, per_rank: dict | None) -> None:
-    model = unwrap(trainer.model)
-    model.load_state_dict(replicated["model"])
-    trainer.optimizer.load_state_dict(replicated["optimizer"])
+def restore_progress(trainer, replicated: dict) -> None:
     trainer.precision.load_state_dict(replicated["precision"])
     trainer.schedule.load_state_dict(replicated["schedule"])
     trainer.step = int(replicated["step"])
     trainer.sampler.load_state_dict(replicated["sampler"])
+
+
+def restore_streams(trainer, per_rank: dict | None) -> None:
+    """This rank's RNG streams; with a different world size it has none saved: derive fresh ones."""
     if per_rank is None:
-        # A different world size: this rank has no saved streams; derive fresh ones.
         torch.manual_seed(trainer.spec.run.seed + 7919 * trainer.identity.rank + trainer.step)
+    else:
+        restore_rng(per_rank["rng"])
+
+
+def restore(trainer, replicated: dict, per_rank: dict | None) -> None:
+    model = unwrap(trainer.model)
+    model.load_state_dict(replicated["model"])
+    trainer.optimizer.load_state_dict(replicated["optimizer"])
+    restore_progress(trainer, replicated)
+    restore_streams(trainer, per_rank)
+    if per_rank is None:
         return
-    restore_rng(per_rank["rng"])
     buffers = dict(model.named_buffers())
     for name, value in per_rank["buffers"].items():
         buffers[name].copy_(value)

@@ -21,12 +21,12 @@ from hpc_train.runtime.faults import FaultInjector
 from hpc_train.runtime.identity import RankInfo
 from hpc_train.runtime.stop import StopFlag
 from hpc_train.spec import spec_to_dict
+from hpc_train.train import state
 from hpc_train.train.checkpointing import Checkpointing
 from hpc_train.train.data import build_loaders
 from hpc_train.train.meters import Window
 from hpc_train.train.optim import build_optimizer
 from hpc_train.train.precision import Precision
-from hpc_train.train import state
 from hpc_train.train.schedule import LrSchedule
 from hpc_train.train.step import optimizer_step
 
@@ -201,17 +201,17 @@ class Trainer:
         elapsed = window.elapsed()
         if not self.identity.is_main:
             return
+        rates = self.throughput(window.steps, elapsed)
         record = {
             "time": time.time(), "step": self.step, "epoch": epoch,
-            "loss": summed[0].item() / summed[1].item(), "lr": lr,
-            **self.throughput(window.steps, elapsed),
+            "loss": summed[0].item() / summed[1].item(), "lr": lr, **rates,
             "step_time": elapsed / window.steps, "data_time": window.data_seconds / window.steps,
             "loss_scale": self.precision.loss_scale, "skipped_steps": window.skipped,
         }
         append_jsonl(self.paths.metrics, record)
         log.info("step %d/%d epoch %d loss %.4f lr %.4g %s", self.step, self.total_steps, epoch,
                  record["loss"], lr, " ".join(f"{v:.0f} {k.removesuffix('_per_s')}/s"
-                                              for k, v in self.throughput(window.steps, elapsed).items()))
+                                              for k, v in rates.items()))
 
     def _heartbeat(self) -> None:
         path = self.paths.rank_heartbeat(self.identity.rank)
@@ -230,10 +230,15 @@ class Trainer:
             loss = torch.nn.functional.cross_entropy(logits.float(), labels, reduction="sum")
             totals += torch.tensor([loss.item(), (logits.argmax(1) == labels).sum().item(),
                                     labels.numel()], dtype=torch.float64)
+        self.record_evaluation(epoch, totals)
+
+    def record_evaluation(self, epoch: int, totals: torch.Tensor, accuracy_name: str = "accuracy") -> None:
+        """Sum this rank's (loss sum, correct, count) over all ranks; rank 0 writes the val line."""
         totals = self.backend.allreduce_sum(totals)
-        if self.identity.is_main:
+        if self.identity.is_main and totals[2] > 0:
             record = {"time": time.time(), "step": self.step, "epoch": epoch, "split": "val",
                       "loss": totals[0].item() / totals[2].item(),
                       "accuracy": totals[1].item() / totals[2].item()}
             append_jsonl(self.paths.metrics, record)
-            log.info("eval epoch %d loss %.4f accuracy %.3f", epoch, record["loss"], record["accuracy"])
+            log.info("eval epoch %d loss %.4f %s %.3f", epoch, record["loss"], accuracy_name,
+                     record["accuracy"])
