@@ -28,9 +28,9 @@ import torch
 import torch.distributed as dist
 
 from hpc_train.models.gpt import gpt, lm_loss
+from hpc_train.parallel.data_parallel import init_torch_distributed
 from hpc_train.parallel.pipeline.balance import bubble_fraction
 from hpc_train.parallel.pipeline.engine import BusyClock, PipelineConfig, PipelineEngine
-from hpc_train.parallel.pipeline.groups import init_world
 from hpc_train.parallel.pipeline.layout import PipelineLayout
 from hpc_train.parallel.pipeline.memory import SavedTensorMeter
 from hpc_train.parallel.pipeline.scaler import AgreedLossScaler
@@ -124,7 +124,7 @@ def main() -> None:
         device = torch.device("cpu")
         torch.set_num_threads(s["threads"])
     layout = PipelineLayout(me.size, s["stages"])
-    init_world(me.rank, me.size, device)
+    init_torch_distributed(me.rank, me.size, device)
     gen = torch.Generator().manual_seed(1)
     batch = torch.randint(VOCAB, (s["batch"], s["seq_len"] + 1), generator=gen)
     rows, engine = [], None

@@ -1,7 +1,9 @@
 """Data-parallel backends behind one small interface, so one job spec runs on Horovod or DDP.
 
-Every Horovod call of the package lives in this module (and the worker's init), so DDP can
-stand beside it and Horovod, dormant upstream since 2023, stays replaceable.
+Every Horovod call of the package lives in this module (and the pipeline's replica averaging,
+parallel/pipeline/groups.py), so DDP can stand beside it and Horovod, dormant upstream since
+2023, stays replaceable. The torch.distributed world (`init_torch_distributed`,
+`TorchCollectives`) serves DDP and the pipeline alike.
 """
 
 from __future__ import annotations
@@ -60,22 +62,51 @@ class HorovodBackend:
         self.hvd.shutdown()
 
 
-class DdpBackend:
+def init_torch_distributed(rank: int, world: int, device: torch.device) -> None:
+    """The torch.distributed world of the ranks mpirun started: NCCL on GPUs, Gloo on CPUs,
+    rendezvous at MASTER_ADDR:MASTER_PORT (set by the driver)."""
+    import torch.distributed as dist
+
+    addr = os.environ.get("MASTER_ADDR", "127.0.0.1")
+    port = os.environ.get("MASTER_PORT", "29500")
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
+                            init_method=f"tcp://{addr}:{port}", rank=rank, world_size=world)
+
+
+class TorchCollectives:
+    """Whole-job collectives over torch.distributed, for the checkpoint code and the logging.
+
+    Tensors go to the device for the collective and come back: NCCL reduces GPU tensors only,
+    and callers pass small CPU tensors (loss sums, stop flags).
+    """
+
+    def __init__(self, device: torch.device):
+        import torch.distributed as dist
+
+        self.dist, self.device = dist, device
+
+    def allreduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        out = tensor.to(self.device, copy=True)
+        self.dist.all_reduce(out)
+        return out.to(tensor.device)
+
+    def barrier(self) -> None:
+        self.dist.barrier()
+
+    def shutdown(self) -> None:
+        if self.dist.is_initialized():
+            self.dist.destroy_process_group()
+
+
+class DdpBackend(TorchCollectives):
     """torch.distributed with ranks from the MPI launcher: NCCL on GPUs, Gloo on CPUs."""
 
     name = "ddp"
 
     def __init__(self, identity: RankInfo, device: torch.device):
-        import torch.distributed as dist
-
-        self.dist = dist
+        init_torch_distributed(identity.rank, identity.size, device)
+        super().__init__(device)
         self.rank, self.size, self.local_rank = identity.rank, identity.size, identity.local_rank
-        self.device = device
-        addr = os.environ.get("MASTER_ADDR", "127.0.0.1")
-        port = os.environ.get("MASTER_PORT", "29500")
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
-                                init_method=f"tcp://{addr}:{port}", rank=self.rank,
-                                world_size=self.size)
 
     def prepare(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, *,
                 accumulation: int, compression: str) -> tuple[torch.nn.Module, Any]:
@@ -91,17 +122,6 @@ class DdpBackend:
 
     def precision_hooks(self, optimizer) -> dict:
         return {}
-
-    def allreduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
-        tensor = tensor.clone()
-        self.dist.all_reduce(tensor)
-        return tensor
-
-    def barrier(self) -> None:
-        self.dist.barrier()
-
-    def shutdown(self) -> None:
-        self.dist.destroy_process_group()
 
 
 def make_backend(name: str, identity: RankInfo, device: torch.device):

@@ -15,8 +15,8 @@ from hpc_train.checkpoint.rng import capture_rng
 from hpc_train.errors import CheckpointError
 from hpc_train.models import build_model
 from hpc_train.models.gpt import lm_loss
+from hpc_train.parallel.data_parallel import init_torch_distributed
 from hpc_train.parallel.pipeline.engine import PipelineConfig, PipelineEngine
-from hpc_train.parallel.pipeline.groups import init_world
 from hpc_train.parallel.pipeline.layout import PipelineLayout
 from hpc_train.parallel.pipeline.scaler import AgreedLossScaler
 from hpc_train.rundir import read_jsonl, record_event
@@ -41,7 +41,7 @@ class PipelineTrainer(Trainer):
         spec, me = self.spec, self.identity
         pipe = spec.parallel.pipeline
         self.layout = PipelineLayout(me.size, pipe.stages)
-        init_world(me.rank, me.size, self.device)
+        init_torch_distributed(me.rank, me.size, self.device)
         torch.manual_seed(spec.run.seed)   # every rank builds the same full model, keeps a stage
         full = build_model("gpt", spec.data.num_classes, seq_len=spec.data.seq_len, **spec.model.options)
         balance = pipe.balance if isinstance(pipe.balance, str) else tuple(pipe.balance)

@@ -22,8 +22,8 @@ from pathlib import Path
 import torch
 
 from hpc_train.models.gpt import gpt, lm_loss
+from hpc_train.parallel.data_parallel import init_torch_distributed
 from hpc_train.parallel.pipeline.engine import PipelineConfig, PipelineEngine
-from hpc_train.parallel.pipeline.groups import init_world
 from hpc_train.parallel.pipeline.layout import PipelineLayout
 from hpc_train.parallel.pipeline.memory import SavedTensorMeter
 from hpc_train.parallel.pipeline.scaler import AgreedLossScaler
@@ -36,7 +36,7 @@ def main() -> None:
     backend, steps, out_dir, *configs = sys.argv[1:]
     torch.set_num_threads(1)
     me = rank_from_env(os.environ)
-    init_world(me.rank, me.size, torch.device("cpu"))
+    init_torch_distributed(me.rank, me.size, torch.device("cpu"))
     for config in configs:
         name, stages, micro, schedule, remat, precision, *rest = config.split(":")
         balance, clip = (rest + ["auto", "0"][len(rest):])[:2]

@@ -17,8 +17,9 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
+from hpc_train.parallel.data_parallel import TorchCollectives
 from hpc_train.parallel.pipeline.balance import balance_blocks, stage_bounds
-from hpc_train.parallel.pipeline.groups import WorldCollectives, replica_average
+from hpc_train.parallel.pipeline.groups import replica_average
 from hpc_train.parallel.pipeline.layout import PipelineLayout
 from hpc_train.parallel.pipeline.scaler import AgreedLossScaler
 from hpc_train.parallel.pipeline.stage import StageModule, parameter_costs, slice_blocks, time_blocks
@@ -81,7 +82,7 @@ class PipelineEngine:
                  example: torch.Tensor | None = None):
         self.layout, self.rank, self.device, self.config = layout, rank, device, config
         self.stage_index, self.replica = layout.stage_of(rank), layout.replica_of(rank)
-        self.collectives = WorldCollectives(device)
+        self.collectives = TorchCollectives(device)
         pipe_groups = [dist.new_group(ranks) for ranks in layout.all_pipelines()]
         self.average = replica_average(config.backend, layout, self.stage_index)
         self.sizes = choose_sizes(full, config, example)

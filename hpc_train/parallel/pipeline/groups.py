@@ -1,7 +1,7 @@
-"""Process groups of a K x D pipeline job and the collectives the trainer needs.
+"""Replica groups of a K x D pipeline job: averaging a stage's gradients over its copies.
 
 torch.distributed carries the pipeline (point-to-point between neighbouring stages) and the
-few whole-job collectives (stop agreement, loss, gradient norm, barriers). Gradients of a stage
+few whole-job collectives (`data_parallel.TorchCollectives`). Gradients of a stage
 are averaged over its replica set with one bucketed all-reduce, through the data-parallel
 backend the spec names: Horovod process sets, or a torch.distributed group.
 
@@ -10,41 +10,11 @@ Every rank creates every group, in the same order: `new_group` is collective ove
 
 from __future__ import annotations
 
-import os
-
 import torch
 import torch.distributed as dist
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from hpc_train.parallel.pipeline.layout import PipelineLayout
-
-
-def init_world(rank: int, world: int, device: torch.device) -> None:
-    addr = os.environ.get("MASTER_ADDR", "127.0.0.1")
-    port = os.environ.get("MASTER_PORT", "29500")
-    dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
-                            init_method=f"tcp://{addr}:{port}", rank=rank, world_size=world)
-
-
-class WorldCollectives:
-    """The backend interface the checkpoint code and the trainer's logging use."""
-
-    name = "pipeline"
-
-    def __init__(self, device: torch.device):
-        self.device = device
-
-    def allreduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
-        out = tensor.to(self.device, copy=True)
-        dist.all_reduce(out)
-        return out.to(tensor.device)
-
-    def barrier(self) -> None:
-        dist.barrier()
-
-    def shutdown(self) -> None:
-        if dist.is_initialized():
-            dist.destroy_process_group()
 
 
 class TorchReplicaAverage:
