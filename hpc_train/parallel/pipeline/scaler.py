@@ -29,15 +29,16 @@ class AgreedLossScaler:
 
     def unscale_and_measure(self, params: list[torch.nn.Parameter]) -> torch.Tensor:
         """Divide gradients by the scale; return [sum of squares, non-finite count] (float64)."""
-        squares = torch.zeros((), dtype=torch.float64)
-        for p in params:
-            if p.grad is None:
-                continue
+        grads = [p.grad for p in params if p.grad is not None]
+        device = grads[0].device if grads else torch.device("cpu")
+        squares = torch.zeros((), dtype=torch.float64, device=device)
+        for grad in grads:   # summed on the device: one host sync per step, not one per tensor
             if self.enabled:
-                p.grad.mul_(1.0 / self.scale)
-            squares += p.grad.detach().double().pow(2).sum().cpu()
-        bad = 0.0 if math.isfinite(squares.item()) else 1.0
-        return torch.tensor([0.0 if bad else squares.item(), bad], dtype=torch.float64)
+                grad.mul_(1.0 / self.scale)
+            squares += grad.detach().double().pow(2).sum()
+        value = squares.item()
+        bad = 0.0 if math.isfinite(value) else 1.0
+        return torch.tensor([0.0 if bad else value, bad], dtype=torch.float64)
 
     def update(self, overflow: bool) -> None:
         """Halve on overflow; double after `growth_interval` good steps (dynamic scale only)."""
