@@ -26,6 +26,8 @@ from hpc_train.checkpoint.retention import steps_to_delete
 from hpc_train.errors import CheckpointError
 
 log = logging.getLogger("hpc_train.checkpoint")
+# What torch.load raises on a missing, truncated or foreign file (weights_only refusals included).
+_LOAD_ERRORS = (OSError, RuntimeError, ValueError, EOFError, pickle.UnpicklingError)
 
 
 def _fsync_path(path: Path) -> None:
@@ -111,7 +113,7 @@ class CheckpointManager:
             replicated = torch.load(directory / layout.REPLICATED, map_location="cpu", weights_only=True)
             own = directory / layout.rank_file_name(self.rank)
             per_rank = torch.load(own, map_location="cpu", weights_only=True) if own.is_file() else None
-        except (OSError, RuntimeError, ValueError, EOFError, pickle.UnpicklingError) as exc:
+        except _LOAD_ERRORS as exc:
             raise CheckpointError(f"cannot load checkpoint {directory}: {exc}") from exc
         return replicated, per_rank, meta
 
@@ -120,5 +122,5 @@ class CheckpointManager:
         path = self.root / layout.step_dir_name(step) / name
         try:
             return torch.load(path, map_location="cpu", weights_only=True)
-        except (OSError, RuntimeError, ValueError, EOFError, pickle.UnpicklingError) as exc:
+        except _LOAD_ERRORS as exc:
             raise CheckpointError(f"cannot load {path}: {exc}") from exc

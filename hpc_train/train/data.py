@@ -42,13 +42,13 @@ def _token_datasets(spec):
         root = Path(data.path)
         val = TokenShards(root, "val", data.seq_len) if (root / "val" / "manifest.json").is_file() else None
         return TokenShards(root, "train", data.seq_len), val
-    sequences = data.train_samples or spec.global_batch * 100
-    train = TokenWindows(np.frombuffer(generate_corpus(sequences * data.seq_len + 1, spec.run.seed),
-                                       dtype=np.uint8), data.seq_len)
-    val = None
-    if data.val_samples:   # another seed: other sentences, the same language
-        val = TokenWindows(np.frombuffer(generate_corpus(data.val_samples * data.seq_len + 1,
-                                                         spec.run.seed + 1), dtype=np.uint8), data.seq_len)
+    def corpus(sequences: int, seed: int) -> TokenWindows:
+        text = generate_corpus(sequences * data.seq_len + 1, seed)
+        return TokenWindows(np.frombuffer(text, dtype=np.uint8), data.seq_len)
+
+    train = corpus(data.train_samples or spec.global_batch * 100, spec.run.seed)
+    # Validation: another seed, so other sentences of the same language.
+    val = corpus(data.val_samples, spec.run.seed + 1) if data.val_samples else None
     return train, val
 
 
