@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -126,3 +127,11 @@ def drive(paths: RunPaths, signal_at_step: int | None = None, signum: int = 0, t
         raise AssertionError(f"driver still running after {timeout} s\n{describe_failure(paths)}")
     assert sent, f"the run ended before step {signal_at_step}"
     return process.returncode
+
+
+def rank_results(out_dir: Path, ranks: int) -> list[dict]:
+    """The rank-N.json files an mpirun worker wrote, in rank order; all `ranks` must be there."""
+    results = [json.loads(p.read_text()) for p in sorted(Path(out_dir).glob("rank-*.json"))]
+    results.sort(key=lambda r: r["rank"])
+    assert [r["rank"] for r in results] == list(range(ranks)), results
+    return results

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import subprocess
 
 import pytest
@@ -12,6 +11,7 @@ from hpc_train.launch.local import free_port
 from hpc_train.train.precision import Precision
 from hpc_train.train.step import optimizer_step
 from tests.conftest import REPO
+from tests.runs import rank_results
 
 
 def _linear_model(seed: int = 0) -> torch.nn.Module:
@@ -39,12 +39,11 @@ def test_single_process_accumulation_matches_the_large_batch():
 @pytest.mark.mpi
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", [pytest.param("horovod", marks=pytest.mark.horovod), "ddp"])
-def test_two_ranks_accumulating_match_one_process(backend, mpirun_argv, python):
+def test_two_ranks_accumulating_match_one_process(backend, mpirun_argv, python, tmp_path):
     env_argv = ["-x", "MASTER_ADDR=127.0.0.1", "-x", f"MASTER_PORT={free_port()}"]
-    argv = [*mpirun_argv(2), *env_argv, python, str(REPO / "tests/workers/accumulation.py"), backend]
+    argv = [*mpirun_argv(2), *env_argv, python, str(REPO / "tests/workers/accumulation.py"), backend,
+            str(tmp_path)]
     out = subprocess.run(argv, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
-    ranks = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
-    assert sorted(r["rank"] for r in ranks) == [0, 1]
-    for r in ranks:
+    for r in rank_results(tmp_path, 2):
         assert r["max_diff"] < 1e-5, r

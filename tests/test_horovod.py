@@ -1,22 +1,20 @@
 """Real Horovod over real mpirun: 2 ranks, collectives and an optimizer step."""
 
-import json
 import subprocess
 
 import pytest
 
 from tests.conftest import REPO
+from tests.runs import rank_results
 
 pytestmark = [pytest.mark.mpi, pytest.mark.horovod, pytest.mark.slow]
 
 
-def test_two_rank_allreduce_through_horovod_torch(mpirun_argv, python):
-    argv = [*mpirun_argv(2), python, str(REPO / "tests/workers/hvd_collectives.py")]
+def test_two_rank_allreduce_through_horovod_torch(mpirun_argv, python, tmp_path):
+    argv = [*mpirun_argv(2), python, str(REPO / "tests/workers/hvd_collectives.py"), str(tmp_path)]
     out = subprocess.run(argv, capture_output=True, text=True, timeout=180)
     assert out.returncode == 0, out.stderr[-3000:]
-    ranks = sorted((json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")),
-                   key=lambda r: r["rank"])
-    assert [r["rank"] for r in ranks] == [0, 1]
+    ranks = rank_results(tmp_path, 2)
     for r in ranks:
         assert r["size"] == 2
         assert r["sum"] == [3.0] * 4          # 1 + 2

@@ -7,13 +7,13 @@ the tests below read their results.
 
 from __future__ import annotations
 
-import json
 import subprocess
 
 import pytest
 
 from hpc_train.launch.local import free_port
 from tests.conftest import REPO
+from tests.runs import rank_results
 
 pytestmark = [pytest.mark.slow, pytest.mark.mpi]
 
@@ -44,9 +44,7 @@ def launch(mpirun_argv, python, out_dir, backend: str, configs: dict, steps: int
     assert out.returncode == 0, (out.stdout + out.stderr)[-4000:]
     results = {}
     for name in configs:
-        ranks = [json.loads(p.read_text()) for p in sorted((out_dir / name).glob("rank-*.json"))]
-        assert sorted(r["rank"] for r in ranks) == list(range(RANKS)), name
-        results[name] = ranks
+        results[name] = rank_results(out_dir / name, RANKS)
     return results
 
 

@@ -1,13 +1,15 @@
 """Run under mpirun: accumulation 2 x B on each of N ranks vs. one process on the whole batch.
 
-argv: BACKEND (horovod | ddp). Prints one JSON line per rank with the largest parameter
-difference from the single-process reference after a few optimizer steps.
+argv: BACKEND (horovod | ddp) OUT_DIR. Writes OUT_DIR/rank-N.json with the largest parameter
+difference from the single-process reference after a few optimizer steps (a file per rank:
+lines that ranks print can interleave in mpirun's forwarded stdout).
 """
 
 import copy
 import json
 import os
 import sys
+from pathlib import Path
 
 import torch
 
@@ -45,5 +47,5 @@ for step in range(STEPS):
     reference_opt.step()
 
 diff = max((a - b).abs().max().item() for a, b in zip(model.parameters(), reference.parameters()))
-print(json.dumps({"rank": identity.rank, "max_diff": diff}), flush=True)
+Path(sys.argv[2], f"rank-{identity.rank}.json").write_text(json.dumps({"rank": identity.rank, "max_diff": diff}))
 backend.shutdown()

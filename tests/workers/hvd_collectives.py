@@ -1,6 +1,11 @@
-"""Run under mpirun: Horovod collectives and one DistributedOptimizer step; print JSON per rank."""
+"""Run under mpirun: Horovod collectives and one DistributedOptimizer step.
+
+argv: OUT_DIR. Writes OUT_DIR/rank-N.json (a file per rank: printed lines can interleave).
+"""
 
 import json
+import sys
+from pathlib import Path
 
 import horovod.torch as hvd
 import torch
@@ -25,8 +30,8 @@ opt.zero_grad()
 model(x).sum().backward()
 opt.step()
 
-print(json.dumps({
+Path(sys.argv[1], f"rank-{rank}.json").write_text(json.dumps({
     "rank": rank, "size": size, "sum": summed.tolist(), "avg": averaged.tolist(),
     "bcast": root_value.item(), "start": start.flatten().tolist(),
     "after": model.weight.detach().flatten().tolist(),
-}), flush=True)
+}))
