@@ -113,8 +113,11 @@ def drive(paths: RunPaths, signal_at_step: int | None = None, signum: int = 0, t
 
     environ = {k: v for k, v in (env or os.environ).items()
                if not k.startswith(("SLURM_", "SUBMITIT_"))}
-    process = subprocess.Popen([sys.executable, "-m", "hpc_train.slurm.driver", str(paths.root)],
-                               cwd=REPO, env=environ, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    # The driver's output goes where submitit would keep it under Slurm (mpirun's reports too).
+    paths.submitit.mkdir(parents=True, exist_ok=True)
+    with open(paths.submitit / "local_0_log.err", "ab") as output:
+        process = subprocess.Popen([sys.executable, "-m", "hpc_train.slurm.driver", str(paths.root)],
+                                   cwd=REPO, env=environ, stdout=output, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + timeout
     sent = signal_at_step is None
     while process.poll() is None and time.monotonic() < deadline:

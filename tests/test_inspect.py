@@ -84,6 +84,7 @@ def test_state_from_events_and_slurm_parsers():
 def test_new_fault_kinds_parse():
     assert parse_fault("oom:1:3") == Fault("oom", 1, 3)
     assert parse_fault("exit:0:7") == Fault("exit", 0, 7)
+    assert parse_fault("kill:1:2") == Fault("kill", 1, 2) and parse_fault("segv:0:1") == Fault("segv", 0, 1)
     with pytest.raises(ValueError):
         parse_fault("oom:1")
 

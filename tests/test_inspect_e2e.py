@@ -1,6 +1,7 @@
 """status / logs / diagnose on real runs: a Slurm job watched while it runs, is requeued and
 completes; real failures (CPU OOM with Gloo's "connection closed", a stalled Horovod rank, a
-corrupt HDF5 shard, a resume under a changed spec, an mpirun launch error, a Slurm time limit)
+corrupt HDF5 shard, a resume under a changed spec, an mpirun launch error, a Slurm time limit,
+ranks that die without a traceback: os._exit, SIGKILL, a segfault)
 produce the logs that the signatures must recognise.
 
 One module fixture runs everything once, concurrently where it can: the two Slurm jobs queue
@@ -29,6 +30,8 @@ pytestmark = [pytest.mark.slurm, pytest.mark.mpi, pytest.mark.horovod, pytest.ma
 
 SMALL = ["data.kind=synthetic", "data.train_samples=512", "data.val_samples=0", "data.image_size=16",
          "data.workers=1", "log.every_steps=1", "optim.max_steps=8"]
+# fault kind -> backend: a hard exit, a SIGKILL (what the OOM killer sends), a segfault
+SILENT = {"exit": "horovod", "kill": "ddp", "segv": "horovod"}
 ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"}
 
 
@@ -54,6 +57,10 @@ def _local_runs(root: Path, results: dict) -> None:
         watcher.start()
         results["stall"] = (stall, drive(stall, timeout=240), seen)
         watcher.join(timeout=30)
+        for kind, backend in SILENT.items():      # ranks that die without a traceback
+            silent = local_run(root, *SMALL, f"parallel.backend={backend}",
+                               _env(HPC_TRAIN_FAULT=f"{kind}:1:3"), name=kind)
+            results[kind] = (silent, drive(silent, timeout=240))
         shards = root / "corrupt-shards"
         shutil.copytree(REPO / "data/demo-shards", shards)
         for shard in (shards / "train").glob("shard-*.h5"):
@@ -194,6 +201,25 @@ def test_a_stalled_rank_is_reported_with_its_number(runs):
     result = diagnose(stall)
     assert result.stalled_ranks == [1]
     assert "stalled_collective" in [s["id"] for s in result.signatures]
+
+
+@pytest.mark.parametrize("kind, how", [("exit", "exit code 1"), ("kill", "signal 9 (Killed)"),
+                                       ("segv", "signal 11 (Segmentation fault)")])
+def test_a_rank_that_dies_without_a_traceback_is_named_by_mpiruns_report(runs, kind, how):
+    assert "error" not in runs, runs.get("error")
+    paths, returncode = runs[kind]
+    assert returncode != 0
+    result = diagnose(paths)
+    assert (result.found_by, result.first_failure.rank) == ("mpirun", 1), describe_failure(paths)
+    assert how in result.first_failure.exception and result.launcher["rank"] == 1
+    assert 1 not in result.failed_ranks and result.event_rank is None     # no traceback, no event
+    if kind == "segv":           # faulthandler's report, from the rank's own log
+        assert "Fatal Python error: Segmentation fault" in result.first_failure.traceback
+        assert "in at_step" in result.first_failure.traceback
+        assert "native_crash" in [s["id"] for s in result.signatures]
+    out = cli("diagnose", str(paths.root))
+    assert out.returncode == 0 and "first failed rank: 1 (it left no traceback" in out.stdout
+    assert status_json(paths.root, "--no-slurm")["diagnosis"]["first_failure"]["rank"] == 1
 
 
 @pytest.mark.parametrize("name, signature", [("corrupt", "corrupt_shard"), ("spec", "spec_mismatch"),

@@ -100,16 +100,26 @@ def diagnosis_text(d: Diagnosis) -> str:
     lines = [f"run {d.run} of runs 0..{d.runs - 1} (--run K picks another)"]
     if d.first_failure:
         f = d.first_failure
-        lines.append(f"first failed rank: {f.rank} (first traceback by time in the rank logs)")
+        how = ("first traceback by time in the rank logs" if d.found_by == "traceback" else
+               "it left no traceback; mpirun named it in the driver log")
+        lines.append(f"first failed rank: {f.rank} ({how})")
         lines.append(f"exception: {f.exception}")
+        if d.found_by == "mpirun":
+            lines.append(f"hint: {d.launcher['hint']}")
         if d.event_rank is not None:
             agree = "agrees" if d.events_agree else f"DISAGREES: event names rank {d.event_rank}"
             lines.append(f"rank_failed event: {agree}")
         if len(d.failed_ranks) > 1:
             lines.append(f"ranks with a traceback: {d.failed_ranks}")
-        lines += ["", f.traceback, ""]
+        lines.append("")
+        if d.found_by == "mpirun":
+            lines.append(f"the last lines of rank {f.rank}'s log:")
+        lines += [f.traceback, ""]
     else:
         lines.append("no traceback in the rank logs")
+    if d.launcher and d.found_by != "mpirun":
+        lines.append(f"mpirun: rank {d.launcher['rank']} ended first, {d.launcher['how']} "
+                     f"({d.launcher['source']})")
     if d.stalled_ranks:
         lines.append(f"stalled rank(s) {d.stalled_ranks}: the others waited for them at a collective")
     for sig in d.signatures:

@@ -45,6 +45,12 @@ SIGNATURES: tuple[Signature, ...] = (
               (r"waiting for remainder of ranks", r"^Missing ranks:"),
               "the missing ranks are stuck outside the collective (slow I/O, a hang, a deadlock); "
               "see their logs and heartbeats"),
+    Signature("native_crash", "a crash in native code (segfault, abort)",
+              (r"^Fatal Python error: (Segmentation fault|Aborted|Bus error|Floating point exception|Illegal)",
+               r"exited on signal (11|6|7) \("),
+              "the Python stack under 'Fatal Python error' in the rank log shows the call that crashed: "
+              "a C extension, a GPU driver or a corrupt input; update or rebuild that library, check "
+              "data with python -m hpc_train data verify"),
     Signature("mpi_launch", "mpirun could not start the ranks",
               (r"There are not enough slots available", r"mpirun was unable to launch",
                r"prterun was unable to launch", r"\bORTE\b.*(unable|lost|failed|ERROR)",

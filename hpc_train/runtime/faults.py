@@ -5,14 +5,18 @@ Set HPC_TRAIN_FAULT in the ranks' environment (e.g. through launch.env of a test
     sleep:RANK:STEP:SECONDS    rank RANK sleeps SECONDS inside step STEP (a stalled rank)
     oom:RANK:STEP              rank RANK asks torch's allocator for 2**50 bytes: the real
                                out-of-memory error ("can't allocate memory") is raised
-    exit:RANK:STEP             rank RANK ends at once with os._exit(1): no traceback, no event,
-                               the way an OOM kill or a segfault looks to its peers
+    exit:RANK:STEP             rank RANK ends at once with os._exit(1): no traceback, no event
+    kill:RANK:STEP             rank RANK sends itself SIGKILL, as the kernel's OOM killer does
+    segv:RANK:STEP             rank RANK reads address 0 through ctypes: a real segfault
+                               (exit, kill and segv are how a hard exit, an OOM kill and a crash
+                               in native code look to the peers and to mpirun)
 Unset (always, outside tests) it does nothing. It never reads files or runs anything.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import time
 from dataclasses import dataclass
 
@@ -35,11 +39,11 @@ def parse_fault(text: str | None) -> Fault | None:
     if not text:
         return None
     parts = text.split(":")
-    if parts[0] in ("raise", "oom", "exit") and len(parts) == 3:
+    if parts[0] in ("raise", "oom", "exit", "kill", "segv") and len(parts) == 3:
         return Fault(parts[0], int(parts[1]), int(parts[2]))
     if parts[0] == "sleep" and len(parts) == 4:
         return Fault("sleep", int(parts[1]), int(parts[2]), float(parts[3]))
-    raise ValueError(f"{FAULT_ENV}={text!r}: expected raise|oom|exit:RANK:STEP or sleep:RANK:STEP:SECONDS")
+    raise ValueError(f"{FAULT_ENV}={text!r}: expected raise|oom|exit|kill|segv:RANK:STEP or sleep:RANK:STEP:SECONDS")
 
 
 class FaultInjector:
@@ -59,5 +63,11 @@ class FaultInjector:
             torch.empty(2**50, dtype=torch.uint8)       # 1 PiB: no host has it
         elif fault.kind == "exit":
             os._exit(1)
+        elif fault.kind == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        elif fault.kind == "segv":
+            import ctypes
+
+            ctypes.string_at(0)
         else:
             raise InjectedFault(f"injected failure on rank {self.rank} at step {step} ({FAULT_ENV})")

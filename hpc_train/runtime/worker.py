@@ -6,6 +6,7 @@ records a `rank_failed` event naming itself when it raises, so diagnosis never h
 
 from __future__ import annotations
 
+import faulthandler
 import logging
 import os
 import sys
@@ -43,6 +44,9 @@ def main(argv: list[str] | None = None) -> int:
     paths = RunPaths(Path(args[0]))
     identity = rank_from_env(os.environ)
     redirect_output(paths.rank_log(identity.rank))
+    # A segfault or abort in native code then leaves "Fatal Python error" and the Python stack of
+    # every thread in this rank's log instead of nothing.
+    faulthandler.enable(all_threads=True)
     # Handlers first: a USR2/TERM that arrives while torch is still importing must not kill us.
     stop = StopFlag.from_env()
     setup_logging(identity.rank)

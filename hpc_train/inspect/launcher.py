@@ -1,0 +1,79 @@
+"""What mpirun said about the rank that ended the job: the one witness when a rank dies without
+a traceback (os._exit, SIGKILL from the OOM killer, a segfault in native code).
+
+Open MPI writes one of two reports to the driver's stderr, which submitit or slurm-*.out keeps:
+
+    mpirun noticed that process rank 1 with PID 0 on node vm exited on signal 9 (Killed).
+
+    mpirun detected that one or more processes exited with non-zero status, thus causing
+    the job to be terminated. The first process to do so was:
+
+      Process name: [[335,1],1]
+      Exit code:    1
+
+Open MPI 5 should say "prterun" and name a process [prterun-host-123@1,1]; both forms parse
+(only Open MPI 4.1 was run here: tests/samples/mpirun_*.err are its real output).
+Pure functions of text.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from hpc_train.inspect.logparse import stamp_time
+
+_SIGNAL = re.compile(r"\b(?:mpirun|prterun) noticed that process rank (\d+) with PID \d+ on node (\S+) "
+                     r"exited on signal (\d+)(?: \(([^)]*)\))?")
+_PROCESS = re.compile(r"^\s*Process name:\s*\[.*,(\d+)\]\s*$")
+_EXIT_CODE = re.compile(r"^\s*Exit code:\s*(-?\d+)")
+_STARTING = re.compile(r" driver INFO starting \d+ ranks")
+
+
+@dataclass(frozen=True)
+class RankExit:
+    rank: int
+    how: str                 # "exit code 1" or "signal 9 (Killed) on node vm"
+    source: str              # the driver log's file name
+    line: str
+    started: float | None    # when the driver started these ranks (its log line), if it said
+
+
+def rank_exits(lines: Iterable[tuple[str, str]]) -> list[RankExit]:
+    """(source, line) pairs of driver logs -> every rank exit mpirun reported, in order."""
+    found: list[RankExit] = []
+    source_now, started, process = None, None, None
+    for source, text in lines:
+        if source != source_now:
+            source_now, started, process = source, None, None
+        if _STARTING.search(text):
+            started = stamp_time(text)
+        if match := _SIGNAL.search(text):
+            name = f" ({match.group(4)})" if match.group(4) else ""
+            how = f"signal {match.group(3)}{name} on node {match.group(2)}"
+            found.append(RankExit(int(match.group(1)), how, source, text.strip(), started))
+        elif match := _PROCESS.match(text):
+            process = (int(match.group(1)), text.strip())
+            continue
+        elif process and (match := _EXIT_CODE.match(text)):
+            found.append(RankExit(process[0], f"exit code {match.group(1)}", source,
+                                  f"{process[1]} {text.strip()}", started))
+        if text.strip():
+            process = None
+    return found
+
+
+def exit_hint(how: str) -> str:
+    """What a rank that died this way without a traceback usually means, and where to look."""
+    if how.startswith("signal 9 "):
+        return ("SIGKILL: most often the kernel's OOM killer or Slurm's memory limit (sacct -j JOB "
+                "-o MaxRSS,ReqMem,State; dmesg on the node); raise slurm.mem or lower data.workers / "
+                "data.batch_size")
+    if how.startswith(("signal 11 ", "signal 6 ", "signal 7 ", "signal 4 ", "signal 8 ")):
+        return ("a crash in native code (a C extension, a driver, corrupt input): the rank log ends "
+                "with faulthandler's 'Fatal Python error' and the Python stack at the crash")
+    if how.startswith("signal "):
+        return "the rank was killed by a signal from outside (a user, an admin, Slurm)"
+    return ("the rank exited without raising (os._exit / sys.exit in user code, or a C library "
+            "called exit): its log's last lines show what it was doing")
