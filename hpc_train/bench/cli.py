@@ -3,21 +3,18 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 
-from hpc_train.argtypes import positive_int
-
-
-def _positive_float(text: str) -> float:
-    value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"{text}: must be a positive number")
-    return value
+from hpc_train.argtypes import positive_float, positive_int
 
 
-def _data(args: argparse.Namespace) -> int:
-    from hpc_train.bench.data import main
+def _runs(module: str):
+    """The handler of one benchmark: imports hpc_train.bench.<module> (torch and all) only when
+    that benchmark runs, so building the parser stays light."""
+    def handler(args: argparse.Namespace) -> int:
+        return importlib.import_module(f"hpc_train.bench.{module}").main(args)
 
-    return main(args)
+    return handler
 
 
 def _add_data(sub: argparse._SubParsersAction) -> None:
@@ -44,7 +41,7 @@ def _add_data(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--rounds", type=positive_int, default=3, metavar="N",
                    help="alternating rounds per configuration; the median counts (default 3)")
     budget = p.add_mutually_exclusive_group()
-    budget.add_argument("--seconds", type=_positive_float, default=8.0, metavar="S",
+    budget.add_argument("--seconds", type=positive_float, default=8.0, metavar="S",
                         help="measured seconds per configuration, all rounds (default 8)")
     budget.add_argument("--images", type=positive_int, default=None, metavar="N",
                         help="images per configuration, all rounds (instead of --seconds)")
@@ -54,13 +51,7 @@ def _add_data(sub: argparse._SubParsersAction) -> None:
                    help="transforms return uint8 CHW (normalise on the GPU) instead of float")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
-    p.set_defaults(handler=_data)
-
-
-def _checkpoint(args: argparse.Namespace) -> int:
-    from hpc_train.bench.checkpoint import main
-
-    return main(args)
+    p.set_defaults(handler=_runs("data"))
 
 
 def _add_checkpoint(sub: argparse._SubParsersAction) -> None:
@@ -74,13 +65,7 @@ def _add_checkpoint(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dir", metavar="DIR", help="where to write (default: the system temp dir); "
                    "use the file system your checkpoints live on")
     p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.set_defaults(handler=_checkpoint)
-
-
-def _inspect(args: argparse.Namespace) -> int:
-    from hpc_train.bench.inspect import main
-
-    return main(args)
+    p.set_defaults(handler=_runs("checkpoint"))
 
 
 def _add_inspect(sub: argparse._SubParsersAction) -> None:
@@ -92,13 +77,7 @@ def _add_inspect(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--metric-lines", type=positive_int, default=10_000, metavar="N", help="(10000)")
     p.add_argument("--rounds", type=positive_int, default=5, metavar="N", help="rounds each (5)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.set_defaults(handler=_inspect)
-
-
-def _pipeline(args: argparse.Namespace) -> int:
-    from hpc_train.bench.pipeline import main
-
-    return main(args)
+    p.set_defaults(handler=_runs("inspect"))
 
 
 def _add_pipeline(sub: argparse._SubParsersAction) -> None:
@@ -126,7 +105,7 @@ def _add_pipeline(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--threads", type=positive_int, default=None, metavar="N",
                    help="torch threads per rank on CPU (default: cores / stages)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.set_defaults(handler=_pipeline)
+    p.set_defaults(handler=_runs("pipeline"))
 
 
 def register(commands: argparse._SubParsersAction) -> None:
