@@ -25,6 +25,11 @@ class CheckpointError(HpcTrainError):
     exit_code = 5
 
 
+class CheckpointMismatch(CheckpointError):
+    """A checkpoint that loads but was made for another job (spec, stage cut): every checkpoint
+    of the run has the same mismatch, so resuming from an older one is no way out."""
+
+
 class DataError(HpcTrainError):
     exit_code = 6
 

@@ -6,9 +6,9 @@ login node, even with Slurm accounting off (the files and events: docs/run-direc
 
 from __future__ import annotations
 
+import errno
 import json
 import os
-import time
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -79,23 +79,37 @@ class RunPaths:
 
 
 def append_jsonl(path: Path, record: dict) -> None:
-    """Append one JSON line. A single O_APPEND write keeps lines whole across processes."""
+    """Append one JSON line, whole or not at all.
+
+    One O_APPEND write keeps lines whole across processes. A write that fails or comes up short
+    (a full disk) is undone by truncating back to where it began, so no half line is left for
+    the next writer's line to be glued to; the OSError is raised to the caller.
+    """
     line = (json.dumps(record, separators=(",", ":"), default=str) + "\n").encode()
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
-        os.write(fd, line)
+        before = os.fstat(fd).st_size
+        try:
+            written = os.write(fd, line)
+        except OSError:
+            _undo_append(fd, before, len(line))
+            raise
+        if written != len(line):
+            _undo_append(fd, before, len(line))
+            raise OSError(errno.ENOSPC, f"short write ({written} of {len(line)} bytes)", str(path))
     finally:
         os.close(fd)
 
 
-def record_event(paths: RunPaths, event: str, **fields) -> None:
-    """One entry of events.jsonl: what happened, when, and in which Slurm job and restart."""
-    record = {"time": time.time(), "event": event}
-    if job_id := os.environ.get("SLURM_JOB_ID"):
-        record["job_id"] = job_id
-        record["restart"] = int(os.environ.get("SLURM_RESTART_COUNT", "0"))
-    record.update(fields)
-    append_jsonl(paths.events, record)
+def _undo_append(fd: int, before: int, length: int) -> None:
+    """Cut our torn line off, unless more than it was appended since (another writer's line:
+    then leave it to readers, which skip lines that do not parse)."""
+    try:
+        size = os.fstat(fd).st_size
+        if before < size <= before + length:
+            os.ftruncate(fd, before)
+    except OSError:
+        pass
 
 
 def read_jsonl(path: Path) -> list[dict]:

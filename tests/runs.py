@@ -116,7 +116,7 @@ def drive(paths: RunPaths, signal_at_step: int | None = None, signum: int = 0, t
     # The driver's output goes where submitit would keep it under Slurm (mpirun's reports too).
     paths.submitit.mkdir(parents=True, exist_ok=True)
     with open(paths.submitit / "local_0_log.err", "ab") as output:
-        process = subprocess.Popen([sys.executable, "-m", "hpc_train.slurm.driver", str(paths.root)],
+        process = subprocess.Popen([sys.executable, "-m", "hpc_train.job.driver", str(paths.root)],
                                    cwd=REPO, env=environ, stdout=output, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + timeout
     sent = signal_at_step is None

@@ -25,7 +25,8 @@ def test_login_node_modules_do_not_import_heavy_libraries():
     code = (
         "import sys, hpc_train.cli, hpc_train.doctor.report, hpc_train.doctor.checks, "
         "hpc_train.launch.mpi, hpc_train.launch.argv, hpc_train.spec, hpc_train.spec.paths, "
-        "hpc_train.slurm.submit, hpc_train.slurm.driver, hpc_train.slurm.render, hpc_train.rundir, "
+        "hpc_train.slurm.submit, hpc_train.job.driver, hpc_train.slurm.render, hpc_train.rundir, "
+        "hpc_train.events, hpc_train.scheduler, hpc_train.job.watchdog, hpc_train.slurm.resume, "
         "hpc_train.inspect.cli, hpc_train.inspect.runstate, hpc_train.inspect.logs, "
         "hpc_train.inspect.diagnose, hpc_train.inspect.render, hpc_train.inspect.plot, "
         "hpc_train.bench.inspect, hpc_train.bench.pipeline, hpc_train.launch.local, "

@@ -79,7 +79,7 @@ def test_sigkill_during_saves_never_leaves_an_unloadable_latest(tmp_path):
 def test_run_killed_while_saving_resumes_from_the_previous_checkpoint(tmp_path):
     paths = local_run(tmp_path, *SMALL, "model.name=resnet18", "optim.epochs=2",
                       "checkpoint.every_steps=4", "checkpoint.keep_last=5", "launch.env={OMP_NUM_THREADS: '1'}")
-    driver = subprocess.Popen([sys.executable, "-m", "hpc_train.slurm.driver", str(paths.root)], cwd=REPO,
+    driver = subprocess.Popen([sys.executable, "-m", "hpc_train.job.driver", str(paths.root)], cwd=REPO,
                               env={k: v for k, v in os.environ.items() if not k.startswith("SLURM_")},
                               stderr=subprocess.DEVNULL)
     killed_during = None

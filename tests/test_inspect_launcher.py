@@ -20,7 +20,7 @@ from tests.jsonschema_mini import validate
 from tests.runs import cli
 
 STARTING = ("2026-11-29 20:49:44,092 driver INFO starting 2 ranks: /usr/bin/mpirun -np 2 -H vm:2 "
-            "-x HPC_TRAIN_FAULT=exit:1:3 /work/main/.venv/bin/python -m hpc_train.runtime.worker /runs/x")
+            "-x HPC_TRAIN_FAULT=exit:1:3 /work/main/.venv/bin/python -m hpc_train.job.worker /runs/x")
 BANNER = """--------------------------------------------------------------------------
 Primary job  terminated normally, but 1 process returned
 a non-zero exit code. Per user-direction, the job has been aborted.

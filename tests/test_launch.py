@@ -47,7 +47,7 @@ def test_allocation_from_slurm_and_mismatch():
 
 PLAN = dict(
     allocation=Allocation((("gpu01", 4), ("gpu02", 4))),
-    worker=["/venv/bin/python", "-m", "hpc_train.runtime.worker", "/runs/r n"],
+    worker=["/venv/bin/python", "-m", "hpc_train.job.worker", "/runs/r n"],
     env={"NCCL_DEBUG": "INFO", "OMP_NUM_THREADS": "1", "ODD": "a b;$(rm -rf ~)"},
     extra_args=["-mca", "btl", "^openib"],
 )

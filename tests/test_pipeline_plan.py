@@ -136,9 +136,9 @@ def test_more_stages_than_blocks_is_refused():
 
 
 def test_a_requeued_run_reuses_its_first_timed_cut():
-    from hpc_train.train.pipeline_trainer import earlier_cut
+    from hpc_train import events
 
-    assert earlier_cut([{"event": "started"}]) is None
-    events = [{"event": "pipeline_cut", "sizes": [4, 2]}, {"event": "resumed"},
-              {"event": "pipeline_cut", "sizes": [3, 3]}]
-    assert earlier_cut(events) == (4, 2)
+    assert events.first_pipeline_cut([{"event": "started"}]) is None
+    history = [events.pipeline_cut([4, 2], "time"), {"event": "resumed"},
+               events.pipeline_cut([3, 3], "time")]
+    assert events.first_pipeline_cut(history) == (4, 2)

@@ -40,7 +40,7 @@ def test_rendered_script_is_valid_bash_and_quotes_the_run_dir():
     text = render_script(smoke(), RunPaths(ODD_RUN_DIR), PYTHON)
     assert subprocess.run(["bash", "-n"], input=text, text=True).returncode == 0
     exec_line = next(line for line in text.splitlines() if line.startswith("exec "))
-    assert shlex.split(exec_line) == ["exec", PYTHON, "-m", "hpc_train.slurm.driver", str(ODD_RUN_DIR)]
+    assert shlex.split(exec_line) == ["exec", PYTHON, "-m", "hpc_train.job.driver", str(ODD_RUN_DIR)]
 
 
 def test_options_one_driver_pattern_and_extras():

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from hpc_train import events
+from hpc_train.job.requeue import decide, ending_status, requeue_path
 from hpc_train.runtime.stop import STOP_EXIT, StopFlag, agreed_reason, one_hot
-from hpc_train.slurm.requeue import decide, parse_slurm_time
+from hpc_train.scheduler import JobRecord, parse_show_job, parse_slurm_time
 
 
 def test_deadline_with_a_fake_clock():
@@ -51,9 +53,56 @@ BASE = dict(stop_reason="SIGUSR2", restarts=0, failed_runs=0, max_requeues=3,
     (1, {"retries_on_failure": 1, "failed_runs": 1}, "failed"),
     (1, {"driver_signalled": True}, "requeue"),               # mpirun aborted by a preemption's TERM
     (143, {"driver_signalled": True, "can_requeue": False}, "stopped"),
+    (0, {"stall": "no rank progressed"}, "failed"),            # torn down: exit status is moot
+    (STOP_EXIT, {"stall": "stop ignored", "retries_on_failure": 1}, "requeue"),
+    (1, {"stall": "x", "retries_on_failure": 2, "failed_runs": 2}, "failed"),
 ])
 def test_decide(returncode, changes, action):
     assert decide(returncode, **{**BASE, **changes}).action == action
+
+
+@pytest.mark.parametrize("returncode, changes, cause", [
+    (STOP_EXIT, {}, events.CAUSE_STOP),
+    (1, {"driver_signalled": True}, events.CAUSE_INTERRUPTED),
+    (1, {"retries_on_failure": 1}, events.CAUSE_FAILURE),
+    (0, {"stall": "x", "retries_on_failure": 1}, events.CAUSE_STALL),
+])
+def test_requeues_say_why_and_failures_are_counted_by_cause(returncode, changes, cause):
+    decision = decide(returncode, **{**BASE, **changes})
+    assert decision.cause == cause
+    requeued = events.stamped(events.requeued(decision.reason, decision.cause, "driver", "", 1, 1.0),
+                              environ={})
+    assert events.failed_runs([requeued]) == (cause in events.FAILURE_CAUSES)
+
+
+def test_a_spent_retry_budget_names_the_setting():
+    decision = decide(1, **{**BASE, "retries_on_failure": 1, "failed_runs": 1})
+    assert "retries_on_failure=1" in decision.reason
+
+
+@pytest.mark.parametrize("job, restart, path", [
+    (None, 0, "driver"),                                   # scontrol did not answer: try
+    (JobRecord("RUNNING", 0, "None"), 0, "driver"),
+    (JobRecord("COMPLETING", 1, "None"), 0, "slurm"),      # requeued by Slurm already
+    (JobRecord("PENDING", 2, "BeginTime"), 1, "slurm"),
+    (JobRecord("COMPLETING", 0, "None"), 0, "ending"),     # scancel or the time limit
+    (JobRecord("CANCELLED", 3, "None"), 3, "ending"),
+])
+def test_requeue_path_follows_slurms_own_view(job, restart, path):
+    assert requeue_path(job, restart) == path
+
+
+def test_a_job_ended_by_slurm_is_a_timeout_only_past_its_end():
+    assert ending_status(1000.0, 999.5) == "timeout"
+    assert ending_status(1000.0, 2000.0) == "cancelled"
+    assert ending_status(1000.0, None) == "cancelled"
+
+
+def test_parse_show_job():
+    text = ("JobId=42 JobName=smoke UserId=root(0) GroupId=root(0) Priority=1 JobState=COMPLETING "
+            "Reason=None Dependency=(null) Requeue=1 Restarts=2 BatchFlag=1 ExitCode=0:0\n")
+    assert parse_show_job(text) == JobRecord("COMPLETING", 2, "None")
+    assert parse_show_job("slurm_load_jobs error: Invalid job id specified") is None
 
 
 def test_parse_slurm_time():

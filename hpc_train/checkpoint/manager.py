@@ -45,6 +45,17 @@ def _save_file(obj, path: Path) -> None:
         os.fsync(f.fileno())
 
 
+def remove_checkpoint(directory: Path) -> None:
+    """Marker first (made durable), then the files: a kill half-way leaves a directory that no
+    longer counts as complete, never one that counts but lacks its weights."""
+    try:
+        (directory / layout.MARKER).unlink()
+        _fsync_path(directory)
+    except FileNotFoundError:
+        pass
+    shutil.rmtree(directory, ignore_errors=True)
+
+
 class CheckpointManager:
     def __init__(self, root: Path, rank: int, world_size: int, barrier: Callable[[], None],
                  keep_last: int = 3, keep_every: int | None = None):
@@ -54,6 +65,9 @@ class CheckpointManager:
 
     def latest(self) -> int | None:
         return layout.latest_complete(self.root)
+
+    def complete_steps(self) -> list[int]:
+        return layout.list_complete(self.root)
 
     def save(self, step: int, replicated: dict, per_rank: dict, meta: dict,
              files: dict[str, dict] | None = None) -> Path:
@@ -95,7 +109,7 @@ class CheckpointManager:
 
     def _apply_retention(self) -> None:
         for step in steps_to_delete(layout.list_complete(self.root), self.keep_last, self.keep_every):
-            shutil.rmtree(self.root / layout.step_dir_name(step), ignore_errors=True)
+            remove_checkpoint(self.root / layout.step_dir_name(step))
         for leftover in self.root.glob(".step-*.tmp"):
             shutil.rmtree(leftover, ignore_errors=True)
 

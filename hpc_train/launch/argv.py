@@ -26,7 +26,7 @@ def inherited(environ: Mapping[str, str]) -> tuple[str, ...]:
 class LaunchPlan:
     flavour: str                      # "openmpi" | "mpich" | "intel"
     allocation: Allocation
-    worker: Sequence[str]             # e.g. [python, "-m", "hpc_train.runtime.worker", run_dir]
+    worker: Sequence[str]             # e.g. [python, "-m", "hpc_train.job.worker", run_dir]
     env: Mapping[str, str] = field(default_factory=dict)
     extra_args: Sequence[str] = ()
     inherit: Sequence[str] = PASS_THROUGH  # names copied from the driver's environment

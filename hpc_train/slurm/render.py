@@ -6,7 +6,7 @@ A site may supply its own template (`render --template FILE`) using these placeh
 
     {sbatch_directives}   the `#SBATCH` lines
     {setup}               site setup lines from the spec (module loads, exports)
-    {driver_command}      the `exec python -m hpc_train.slurm.driver RUN_DIR` line
+    {driver_command}      the `exec python -m hpc_train.job.driver RUN_DIR` line
     {run_dir}             the run directory, shell-quoted
     {job_name}            the job name (validated: letters, digits, . _ -)
 """
@@ -45,7 +45,7 @@ def sbatch_directives(options: dict[str, str | bool]) -> str:
 
 
 def driver_command(python: str, run_dir: Path) -> str:
-    return "exec " + shlex.join([python, "-m", "hpc_train.slurm.driver", str(run_dir)])
+    return "exec " + shlex.join([python, "-m", "hpc_train.job.driver", str(run_dir)])
 
 
 def fill_template(template: str, values: dict[str, str]) -> str:

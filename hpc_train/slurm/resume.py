@@ -1,13 +1,17 @@
 """`resume RUN_DIR`: submit a finished, failed or stopped run again; it continues from its latest
 complete checkpoint (the ranks find it), in the same run directory.
+
+One writer per run directory: a run whose job Slurm still holds (pending, running, requeued)
+is refused, since a second job would train into the same checkpoints and logs.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from hpc_train.errors import SpecError
-from hpc_train.rundir import RunPaths, record_event
+from hpc_train import events, scheduler
+from hpc_train.errors import SpecError, SubmitError
+from hpc_train.rundir import RunPaths
 from hpc_train.slurm.submit import Submission, submit
 from hpc_train.spec import dump_spec_yaml, load_spec, spec_hash, spec_to_dict
 from hpc_train.spec.diff import changed_keys
@@ -18,6 +22,7 @@ def resume_run(run_dir: str | Path, overrides: list[str], allow_spec_change: boo
     paths = RunPaths(Path(run_dir).resolve())
     if not paths.spec.is_file():
         raise SpecError(f"{paths.root} is not a run directory: it has no spec.yaml")
+    refuse_if_active(paths)
     saved = load_spec(paths.spec)
     spec = load_spec(paths.spec, overrides)
     changed = changed_keys(spec_to_dict(saved), spec_to_dict(spec))
@@ -27,8 +32,25 @@ def resume_run(run_dir: str | Path, overrides: list[str], allow_spec_change: boo
                             "were made under the old values. Fix: add --allow-spec-change to accept")
         paths.spec.write_text(dump_spec_yaml(spec))
         # The ranks accept a checkpoint of another spec only with this record of consent.
-        record_event(paths, "spec_change_allowed", from_hash=spec_hash(saved), to_hash=spec_hash(spec),
-                     keys=changed)
+        events.record(paths, events.spec_change_allowed(spec_hash(saved), spec_hash(spec), changed))
     result = submit(spec, use_slurm=use_slurm, paths=paths)
-    record_event(paths, "resubmitted", job_id=result.job_id)
+    events.record(paths, events.resubmitted(result.job_id, result.executor))
     return result
+
+
+def refuse_if_active(paths: RunPaths) -> None:
+    """Raise when the run's last Slurm job is still queued or running, or when that cannot be
+    told (Slurm does not answer): starting a second writer is the one thing not to risk."""
+    submission = events.last_submission(events.read(paths))
+    if submission is None or submission[1] != "slurm":
+        return
+    job_id = submission[0]
+    state = scheduler.queue_state(job_id)
+    if state is None:
+        raise SubmitError(f"cannot tell whether job {job_id} of {paths.root} is still in the queue "
+                          "(squeue did not answer); resume refused so that two jobs never train "
+                          "one run. Fix: retry when Slurm answers")
+    if state in scheduler.ACTIVE_STATES:
+        raise SubmitError(f"job {job_id} of {paths.root} is {state}: it will continue the run "
+                          f"itself. Resume refused (two jobs would write one run). Fix: wait for "
+                          f"it, or `scancel {job_id}` first, then resume")

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hpc_train.errors import SubmitError
-from hpc_train.rundir import RunPaths, record_event
+from hpc_train import events
+from hpc_train.rundir import RunPaths
 from hpc_train.slurm.options import sbatch_options
 from hpc_train.spec import JobSpec, dump_spec_yaml, spec_hash
 
@@ -76,7 +77,7 @@ def planned_script(spec: JobSpec, run_dir: Path, python: str = sys.executable) -
 def submit(spec: JobSpec, python: str = sys.executable, use_slurm: bool | None = None,
            paths: RunPaths | None = None) -> Submission:
     """Submit `spec` as a new run, or again into an existing run directory (`resume`)."""
-    from hpc_train.slurm.driver import Driver
+    from hpc_train.job.driver import Driver
 
     use_slurm = shutil.which("sbatch") is not None if use_slurm is None else use_slurm
     if paths is None:
@@ -86,12 +87,12 @@ def submit(spec: JobSpec, python: str = sys.executable, use_slurm: bool | None =
     try:
         job = make(spec, paths, python).submit(Driver(paths.root))
     except Exception as exc:  # submitit raises plain errors for sbatch failures
-        record_event(paths, "submit_failed", error=str(exc))
+        events.try_record(paths, events.submit_failed(str(exc)))
         raise SubmitError(f"submission failed: {exc}\n(run directory kept: {paths.root})") from exc
     script = ""
     if use_slurm:
         script = Path(job.paths.submission_file).read_text()
         paths.sbatch.write_text(script)
-    record_event(paths, "submitted", job_id=str(job.job_id), executor="slurm" if use_slurm else "local",
-                 spec_hash=spec_hash(spec))
+    events.record(paths, events.submitted(str(job.job_id), "slurm" if use_slurm else "local",
+                                          spec_hash(spec)))
     return Submission(str(job.job_id), paths.root, "slurm" if use_slurm else "local", script)

@@ -81,6 +81,10 @@ class LaunchSpec:
     env: dict[str, str] = spec_field(doc="environment variables exported to every rank",
                                      factory=dict, key_check=values.check_env_name,
                                      each=values.check_env_value)
+    stall_seconds: float = spec_field(
+        300.0, doc="the driver tears the ranks down and requeues the job (counting toward "
+        "checkpoint.retries_on_failure) when no rank progresses for this long: longer than "
+        "start-up, one step, one evaluation batch and one checkpoint save", ge=5)
 
 
 @dataclass(frozen=True)

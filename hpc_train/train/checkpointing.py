@@ -12,8 +12,9 @@ import time
 
 import torch
 
+from hpc_train import events
 from hpc_train.checkpoint.manager import CheckpointManager
-from hpc_train.rundir import read_jsonl, record_event
+from hpc_train.errors import CheckpointError, CheckpointMismatch
 from hpc_train.runtime.stop import StopFlag, agreed_reason, one_hot, should_agree
 from hpc_train.spec import spec_hash
 from hpc_train.train import state
@@ -38,40 +39,82 @@ class Checkpointing:
         self.last_saved_step: int | None = None
         self.last_save_time = time.monotonic()
 
-    def _spec_change_allowed(self, saved_hash: str) -> bool:
-        return any(e["event"] == "spec_change_allowed" and e.get("from_hash") == saved_hash
-                   and e.get("to_hash") == self.hash for e in read_jsonl(self.trainer.paths.events))
+    def _spec_change_allowed(self, saved_hash: str | None) -> bool:
+        return events.spec_change_allowed_between(events.read(self.trainer.paths), saved_hash,
+                                                  self.hash)
 
     def resume(self) -> bool:
-        """Load the latest complete checkpoint, if any. Every rank reads the same one."""
-        if self.manager.latest() is None:
-            return False
-        replicated, per_rank, meta = self.manager.load()
-        changed = state.check_spec(replicated["spec"], self.trainer.spec_dict,
-                                   allowed=meta.get("spec_hash") == self.hash
-                                   or self._spec_change_allowed(meta.get("spec_hash")))
-        self.trainer.restore_state(replicated, per_rank,
-                                   lambda name: self.manager.load_file(meta["step"], name))
+        """Load the newest complete checkpoint that loads on every rank, if any.
+
+        A checkpoint that is complete but does not load (damaged on disk since, refused by
+        weights_only) is skipped, with an event saying why, and the one before it is tried: all
+        ranks skip together (one agreed flag), so all resume from the same step. A changed spec
+        is not skipped over (every checkpoint has the same spec): it stops the resume.
+        """
+        skipped: list[int] = []
+        for step in reversed(self.manager.complete_steps()):
+            error = self._agreed(self._try_restore(step))
+            if error is None:
+                self._resumed(step, skipped)
+                return True
+            skipped.append(step)
+            log.warning("checkpoint step %d does not load, trying an older one: %s", step, error)
+            if self.trainer.identity.is_main:
+                events.try_record(self.trainer.paths, events.checkpoint_skipped(step, error))
+        if skipped:
+            raise CheckpointError(f"none of the complete checkpoints under {self.manager.root} "
+                                  f"loads (steps {', '.join(map(str, skipped))}; reasons in this "
+                                  "rank's log and the checkpoint_skipped events); move them "
+                                  "aside to start afresh")
+        return False
+
+    def _try_restore(self, step: int) -> str | None:
+        """Load and restore `step` on this rank: None, or why it failed."""
+        try:
+            replicated, per_rank, meta = self.manager.load(step)
+            self._changed = state.check_spec(replicated["spec"], self.trainer.spec_dict,
+                                             allowed=meta.get("spec_hash") == self.hash
+                                             or self._spec_change_allowed(meta.get("spec_hash")))
+            self._saved_world_size = meta.get("world_size")
+            self.trainer.restore_state(replicated, per_rank,
+                                       lambda name: self.manager.load_file(step, name))
+        except CheckpointMismatch:
+            raise
+        except CheckpointError as exc:
+            return str(exc)
+        except (KeyError, RuntimeError, ValueError) as exc:  # a state that does not fit the model
+            return f"{type(exc).__name__}: {exc}"
+        return None
+
+    def _agreed(self, error: str | None) -> str | None:
+        """This rank's error, or another rank's failure: every rank moves on together."""
+        failed = self.trainer.backend.allreduce_sum(torch.tensor([1.0 if error else 0.0]))
+        if error is None and failed.item() > 0:
+            return "it does not load on another rank (see that rank's log)"
+        return error
+
+    def _resumed(self, step: int, skipped: list[int]) -> None:
         self.last_saved_step = self.trainer.step
         if self.trainer.identity.is_main:
-            record_event(self.trainer.paths, "resumed", step=self.trainer.step,
-                         from_checkpoint=meta["step"], spec_changed=changed,
-                         saved_world_size=meta.get("world_size"))
-        log.info("resumed from step %d", self.trainer.step)
-        return True
+            events.try_record(self.trainer.paths, events.resumed(
+                self.trainer.step, step, self._changed, self._saved_world_size, skipped))
+        log.info("resumed from step %d%s", self.trainer.step,
+                 f" (skipped unloadable checkpoints {skipped})" if skipped else "")
 
     def save(self, reason: str) -> None:
         step = self.trainer.step
         if step == self.last_saved_step:
             return
         started = time.perf_counter()
+        self.trainer.heartbeat.progress(phase="checkpoint")
         replicated, per_rank, files = self.trainer.capture_state()
         path = self.manager.save(step, replicated, per_rank, {"spec_hash": self.hash, "reason": reason},
                                  files)
         self.last_saved_step, self.last_save_time = step, time.monotonic()
+        self.trainer.heartbeat.progress(phase="saved")
         if self.trainer.identity.is_main:
-            record_event(self.trainer.paths, "checkpoint_saved", step=step, reason=reason,
-                         path=str(path), seconds=round(time.perf_counter() - started, 3))
+            events.try_record(self.trainer.paths, events.checkpoint_saved(
+                step, reason, str(path), round(time.perf_counter() - started, 3)))
 
     def _agree(self) -> tuple[str | None, bool]:
         """(stop reason, time-based save due), the same on every rank."""
@@ -91,5 +134,5 @@ class Checkpointing:
         if stop_reason is not None:
             self.save(f"stop: {stop_reason}")
             if self.trainer.identity.is_main:
-                record_event(self.trainer.paths, "stop_saved", step=step, reason=stop_reason)
+                events.try_record(self.trainer.paths, events.stop_saved(step, stop_reason))
             raise StopForRequeue(stop_reason)

@@ -12,14 +12,14 @@ from __future__ import annotations
 import torch
 
 from hpc_train.checkpoint.rng import capture_rng
-from hpc_train.errors import CheckpointError
+from hpc_train.errors import CheckpointMismatch
 from hpc_train.models import build_model
 from hpc_train.models.gpt import lm_loss
 from hpc_train.parallel.data_parallel import init_torch_distributed
 from hpc_train.parallel.pipeline.engine import PipelineConfig, PipelineEngine
 from hpc_train.parallel.pipeline.layout import PipelineLayout
 from hpc_train.parallel.pipeline.scaler import AgreedLossScaler
-from hpc_train.rundir import read_jsonl, record_event
+from hpc_train import events
 from hpc_train.train import state
 from hpc_train.train.meters import Window
 from hpc_train.train.optim import build_optimizer
@@ -28,12 +28,6 @@ from hpc_train.train.trainer import Trainer, log
 
 def stage_file(stage: int) -> str:
     return f"stage-{stage:05d}.pt"
-
-
-def earlier_cut(events) -> tuple[int, ...] | None:
-    """The stage sizes a timed balance chose on the run's first start, if it started before."""
-    cuts = [e["sizes"] for e in events if e.get("event") == "pipeline_cut"]
-    return tuple(cuts[0]) if cuts else None
 
 
 class PipelineTrainer(Trainer):
@@ -45,7 +39,7 @@ class PipelineTrainer(Trainer):
         torch.manual_seed(spec.run.seed)   # every rank builds the same full model, keeps a stage
         full = build_model("gpt", spec.data.num_classes, seq_len=spec.data.seq_len, **spec.model.options)
         balance = pipe.balance if isinstance(pipe.balance, str) else tuple(pipe.balance)
-        earlier = earlier_cut(read_jsonl(self.paths.events)) if balance == "time" else None
+        earlier = events.first_pipeline_cut(events.read(self.paths)) if balance == "time" else None
         if earlier:
             # A requeued job keeps its first timed cut: its checkpoints hold those stages, and
             # a new timing (other node, other load) may cut elsewhere.
@@ -63,8 +57,7 @@ class PipelineTrainer(Trainer):
         self.model = self.engine.module
         self.optimizer = build_optimizer(spec.optim, self.engine.parameters(), lr=spec.scaled_lr)
         if me.is_main and not earlier:
-            record_event(self.paths, "pipeline_cut", sizes=list(self.engine.sizes),
-                         balance=pipe.balance)
+            events.record(self.paths, events.pipeline_cut(list(self.engine.sizes), pipe.balance))
         if me.is_main:
             log.info("pipeline: %d stages x %d replicas, blocks per stage %s, %s, %d micro-batches%s",
                      pipe.stages, self.layout.replicas, self.engine.sizes, pipe.schedule,
@@ -95,6 +88,7 @@ class PipelineTrainer(Trainer):
         totals = torch.zeros(3, dtype=torch.float64)   # loss sum, correct tokens, tokens
         skipped = 0
         for inputs, targets in self.val_loader:
+            self.heartbeat.progress(phase="evaluate")
             if len(inputs) != self.spec.data.batch_size:
                 # The stages fixed their micro-batch shapes at the first step; a short last
                 # batch would not match them, so it is left out (fewer than one batch per replica).
@@ -121,7 +115,7 @@ class PipelineTrainer(Trainer):
     def restore_state(self, replicated: dict, per_rank: dict | None, load_file) -> None:
         saved_sizes = list(replicated.get("stage_sizes", []))
         if saved_sizes != list(self.engine.sizes):
-            raise CheckpointError(f"the checkpoint's stages hold {saved_sizes} blocks, this job "
+            raise CheckpointMismatch(f"the checkpoint's stages hold {saved_sizes} blocks, this job "
                                   f"cuts {self.engine.sizes}: resume with the same "
                                   "parallel.pipeline stages and balance")
         stage = load_file(stage_file(self.engine.stage_index))
@@ -131,8 +125,8 @@ class PipelineTrainer(Trainer):
         state.restore_streams(self, per_rank)
 
 
-def make_trainer(spec, paths, identity, stop=None) -> Trainer:
+def make_trainer(spec, paths, identity, stop=None, heartbeat=None) -> Trainer:
     """gpt runs on the pipeline engine (with one stage it is plain data parallelism, its
     micro-batches accumulating); the image models on the data-parallel trainer."""
     cls = PipelineTrainer if spec.model.name == "gpt" else Trainer
-    return cls(spec, paths, identity, stop)
+    return cls(spec, paths, identity, stop, heartbeat)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from hpc_train.checkpoint.rng import capture_rng, restore_rng
-from hpc_train.errors import CheckpointError
+from hpc_train.errors import CheckpointMismatch
 from hpc_train.spec.diff import changed_keys
 
 
@@ -43,7 +43,7 @@ def capture(trainer) -> tuple[dict, dict]:
 def check_spec(saved_spec: dict, current_spec: dict, allowed: bool) -> list[str]:
     changed = changed_keys(saved_spec, current_spec)
     if changed and not allowed:
-        raise CheckpointError(
+        raise CheckpointMismatch(
             "the run's spec changed since its checkpoint: " + ", ".join(changed) + ". Resume with "
             "`python -m hpc_train resume RUN_DIR --allow-spec-change` to accept, or restore spec.yaml")
     return changed

@@ -7,17 +7,17 @@ log steps, evaluation at epoch ends), since every rank runs the same number of s
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
-import os
 import time
 
 import torch
 
 from hpc_train.models import build_model
 from hpc_train.parallel.data_parallel import make_backend
-from hpc_train.rundir import RunPaths, append_jsonl, record_event
+from hpc_train import events
+from hpc_train.rundir import RunPaths, append_jsonl
 from hpc_train.runtime.faults import FaultInjector
+from hpc_train.runtime.heartbeat import NoHeartbeat
 from hpc_train.runtime.identity import RankInfo
 from hpc_train.runtime.stop import StopFlag
 from hpc_train.spec import spec_to_dict
@@ -55,10 +55,12 @@ def parameters_digest(model: torch.nn.Module) -> str:
 
 
 class Trainer:
-    def __init__(self, spec, paths: RunPaths, identity: RankInfo, stop: StopFlag | None = None):
+    def __init__(self, spec, paths: RunPaths, identity: RankInfo, stop: StopFlag | None = None,
+                 heartbeat=None):
         self.spec, self.paths, self.identity = spec, paths, identity
         self.spec_dict = spec_to_dict(spec)
         self.stop = stop
+        self.heartbeat = heartbeat or NoHeartbeat()
         self.faults = FaultInjector(identity.rank)
         self.device = pick_device(spec, identity)
         torch.set_num_threads(spec.slurm.cpus_per_task)
@@ -104,18 +106,19 @@ class Trainer:
     def fit(self) -> None:
         """Train to total_steps, resuming from the latest checkpoint; raises StopForRequeue."""
         checkpoints = Checkpointing(self, self.stop)
+        self.heartbeat.progress(phase="resuming")
         resumed = checkpoints.resume()
         if self.identity.is_main and not resumed:
-            record_event(self.paths, "training_started", total_steps=self.total_steps,
-                         steps_per_epoch=self.steps_per_epoch, world_size=self.identity.size,
-                         global_batch=self.spec.global_batch, peak_lr=self.spec.scaled_lr,
-                         device=str(self.device))
+            events.try_record(self.paths, events.training_started(
+                total_steps=self.total_steps, steps_per_epoch=self.steps_per_epoch,
+                world_size=self.identity.size, global_batch=self.spec.global_batch,
+                peak_lr=self.spec.scaled_lr, device=str(self.device)))
         while self.step < self.total_steps:
             epoch, done_in_epoch = divmod(self.step, self.steps_per_epoch)
             self.train_epoch(epoch, done_in_epoch, checkpoints)
         checkpoints.save("final")
-        record_event(self.paths, "rank_finished", rank=self.identity.rank, step=self.step,
-                     params_sha256=parameters_digest(self.model), **self.identity_fields())
+        events.try_record(self.paths, events.rank_finished(
+            self.identity.rank, self.step, parameters_digest(self.model), **self.identity_fields()))
         self.backend.shutdown()
 
     def capture_state(self) -> tuple[dict, dict, dict]:
@@ -164,6 +167,9 @@ class Trainer:
         for in_epoch in range(done_in_epoch, self.steps_per_epoch):
             if self.step >= self.total_steps:
                 break
+            # The step this rank works on: a rank stuck between steps stays behind the others,
+            # which wait for it inside the next one (the watchdog names it that way).
+            self.heartbeat.progress(step=self.step + 1, phase="train")
             fetch_start = time.perf_counter()
             micro_batches = next(steps)
             data_seconds = time.perf_counter() - fetch_start
@@ -193,9 +199,6 @@ class Trainer:
         return {"images_per_s": self.spec.global_batch * steps / elapsed}
 
     def _log(self, epoch: int, lr: float, window: Window) -> None:
-        # Beat before the collective: a rank stuck in its step then stays behind the others,
-        # whose beats already name this step (inspection finds stalled ranks that way).
-        self._heartbeat()
         # One small collective per logged step: the mean loss over all ranks.
         summed = self.backend.allreduce_sum(torch.tensor(self.loss_terms(window)))
         elapsed = window.elapsed()
@@ -213,17 +216,12 @@ class Trainer:
                  record["loss"], lr, " ".join(f"{v:.0f} {k.removesuffix('_per_s')}/s"
                                               for k, v in rates.items()))
 
-    def _heartbeat(self) -> None:
-        path = self.paths.rank_heartbeat(self.identity.rank)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"step": self.step, "time": time.time(), "pid": os.getpid()}))
-        os.replace(tmp, path)
-
     @torch.no_grad()
     def evaluate(self, epoch: int) -> None:
         self.model.eval()
         totals = torch.zeros(3, dtype=torch.float64)  # loss sum, correct, count
         for images, labels in self.val_loader:
+            self.heartbeat.progress(phase="evaluate")
             images, labels = images.to(self.device), labels.to(self.device)
             with self.precision.autocast():
                 logits = self.model(images)

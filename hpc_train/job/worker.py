@@ -1,7 +1,8 @@
-"""A rank's entry point: `python -m hpc_train.runtime.worker RUN_DIR` (started by mpirun).
+"""A rank's entry point: `python -m hpc_train.job.worker RUN_DIR` (started by mpirun).
 
-The rank writes everything, tracebacks included, to its own log file in the run directory, and
-records a `rank_failed` event naming itself when it raises, so diagnosis never has to guess.
+The rank writes everything, tracebacks included, to its own log file in the run directory,
+records a `rank_failed` event naming itself when it raises, so diagnosis never has to guess,
+and beats its heartbeat from the first moment, so the driver's watchdog sees it start.
 """
 
 from __future__ import annotations
@@ -13,9 +14,11 @@ import sys
 import traceback
 from pathlib import Path
 
-from hpc_train.rundir import RunPaths, record_event
+from hpc_train import events
+from hpc_train.rundir import RunPaths
+from hpc_train.runtime.heartbeat import Heartbeat
 from hpc_train.runtime.identity import rank_from_env
-from hpc_train.runtime.stop import STOP_EXIT, StopFlag
+from hpc_train.runtime.stop import STALL_ENV, STOP_EXIT, StopFlag
 
 
 def redirect_output(path: Path) -> None:
@@ -39,7 +42,7 @@ def setup_logging(rank: int) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
-        print("usage: python -m hpc_train.runtime.worker RUN_DIR", file=sys.stderr)
+        print("usage: python -m hpc_train.job.worker RUN_DIR", file=sys.stderr)
         return 2
     paths = RunPaths(Path(args[0]))
     identity = rank_from_env(os.environ)
@@ -53,6 +56,8 @@ def main(argv: list[str] | None = None) -> int:
     log = logging.getLogger("hpc_train.worker")
     log.info("rank %d/%d (local %d) pid %d on %s", identity.rank, identity.size,
              identity.local_rank, os.getpid(), os.uname().nodename)
+    heartbeat = Heartbeat(paths.rank_heartbeat(identity.rank), identity.rank,
+                          float(os.environ.get(STALL_ENV) or 300)).start()
     trainer = None
     try:
         # Heavy imports after the redirect: an import error lands in this rank's log too.
@@ -60,7 +65,8 @@ def main(argv: list[str] | None = None) -> int:
         from hpc_train.train.checkpointing import StopForRequeue
         from hpc_train.train.pipeline_trainer import make_trainer
 
-        trainer = make_trainer(load_spec(paths.spec), paths, identity, stop)
+        heartbeat.progress(phase="building")
+        trainer = make_trainer(load_spec(paths.spec), paths, identity, stop, heartbeat)
         try:
             trainer.fit()
         except StopForRequeue as stop_reason:
@@ -69,12 +75,13 @@ def main(argv: list[str] | None = None) -> int:
             return STOP_EXIT
     except BaseException as exc:  # noqa: BLE001 - every failure is recorded, then re-raised
         log.error("rank %d failed:\n%s", identity.rank, traceback.format_exc())
-        record_event(paths, "rank_failed", rank=identity.rank, error=f"{type(exc).__name__}: {exc}",
-                     traceback=traceback.format_exc()[-4000:])
+        events.try_record(paths, events.rank_failed(identity.rank, f"{type(exc).__name__}: {exc}",
+                                                    traceback.format_exc()[-4000:]))
         raise
     finally:
         if trainer is not None:
             trainer.close()
+        heartbeat.close()
     log.info("rank %d done", identity.rank)
     return 0
 

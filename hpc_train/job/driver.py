@@ -1,0 +1,293 @@
+"""The driver: the one process of a job that starts the ranks with mpirun, watches them, and
+reports how they ended.
+
+It runs as the batch script itself (submitit's callable, or `exec python -m hpc_train.job.driver
+RUN_DIR` from a rendered script), so Slurm's `B:USR2` reaches it; it forwards a stop to mpirun,
+which passes it to the ranks, and never lets mpirun be SIGKILLed while it has ranks (they would
+outlive the job). Every wait here has a bound: the ranks' heartbeats are read between waits, and
+ranks that stop progressing (or ignore a stop) are torn down and the job requeued (watchdog.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from hpc_train import events, scheduler
+from hpc_train.errors import LaunchError
+from hpc_train.job import watchdog
+from hpc_train.job.requeue import Decision, decide, ending_status, requeue_path
+from hpc_train.launch.allocation import Allocation, allocation_from_slurm, local_allocation
+from hpc_train.launch.argv import LaunchPlan, inherited, mpirun_argv
+from hpc_train.rundir import RunPaths
+from hpc_train.runtime.heartbeat import beat_interval
+from hpc_train.runtime.stop import DEADLINE_ENV, STALL_ENV, STOP_EXIT
+from hpc_train.spec import JobSpec, load_spec
+
+log = logging.getLogger("hpc_train.driver")
+
+STOP_SIGNALS = (signal.SIGUSR2, signal.SIGTERM)
+POLL_SECONDS = 1.0           # between looks at the heartbeats while mpirun runs
+TEARDOWN_SECONDS = 30        # mpirun's own SIGTERM -> SIGKILL of its ranks, before we step in
+
+
+def rendezvous_port(job_id: str | None) -> int:
+    """A port for torch.distributed that differs between jobs sharing a node."""
+    return 29500 + (int(job_id) % 2000 if job_id and job_id.isdigit() else 0)
+
+
+def stop_grace(signal_seconds: int) -> float:
+    """How long ranks get to save and exit after a forwarded stop: most of the signal's lead,
+    leaving 15 s to requeue before Slurm's kill."""
+    return max(10.0, signal_seconds - 15.0)
+
+
+def current_allocation(spec: JobSpec, environ) -> Allocation:
+    if environ.get("SUBMITIT_EXECUTOR") != "local" and "SLURM_JOB_NODELIST" in environ:
+        allocation = allocation_from_slurm(environ)
+    else:
+        allocation = local_allocation(socket.gethostname(), spec.world_size)
+    if allocation.world_size != spec.world_size:
+        raise LaunchError(f"the allocation has {allocation.world_size} slots "
+                          f"({allocation.hosts}) but the spec asks for {spec.world_size} ranks")
+    return allocation
+
+
+def under_slurm(environ) -> bool:
+    return environ.get("SUBMITIT_EXECUTOR") != "local" and "SLURM_JOB_ID" in environ
+
+
+def stop_deadline(spec: JobSpec, environ, started: float) -> float | None:
+    """When the ranks must stop by themselves: the job's end minus the signal's lead time.
+
+    Slurm's own end time where it can be had, else our start plus the limit (an upper bound
+    that still saves before the kill, since the job started before the driver did)."""
+    if not under_slurm(environ):
+        return None
+    end = scheduler.job_end_time(environ["SLURM_JOB_ID"], environ) or started + spec.time_seconds
+    return end - spec.slurm.signal_seconds
+
+
+def launch_plan(spec: JobSpec, paths: RunPaths, allocation: Allocation, environ,
+                deadline: float | None = None) -> LaunchPlan:
+    mpirun = shutil.which("mpiexec" if spec.launch.mpi == "mpich" else "mpirun")
+    if mpirun is None:
+        raise LaunchError("mpirun is not on PATH in the job: add your MPI module to slurm.setup")
+    env = {
+        "MASTER_ADDR": allocation.host_names[0],
+        "MASTER_PORT": str(rendezvous_port(environ.get("SLURM_JOB_ID"))),
+        STALL_ENV: f"{spec.launch.stall_seconds:g}",
+        **spec.launch.env,
+    }
+    if deadline is not None:
+        env[DEADLINE_ENV] = f"{deadline:.0f}"
+    return LaunchPlan(
+        flavour=spec.launch.mpi, allocation=allocation, env=env,
+        worker=[sys.executable, "-m", "hpc_train.job.worker", str(paths.root)],
+        extra_args=spec.launch.extra_args, inherit=inherited(environ),
+        as_root=os.geteuid() == 0, mpirun=mpirun)
+
+
+class _StopForwarder:
+    """Signal handlers that pass a stop on to mpirun once, and remember why and when."""
+
+    def __init__(self, process: subprocess.Popen):
+        self.process = process
+        self.reason: str | None = None
+        self.at: float | None = None
+        self.previous = {sig: signal.signal(sig, self._handle) for sig in STOP_SIGNALS}
+
+    def _handle(self, signum, _frame) -> None:
+        if self.reason is None:
+            self.reason, self.at = signal.Signals(signum).name, time.time()
+            # Always USR2 to mpirun: Open MPI passes USR1/USR2 on to the ranks, but treats a
+            # SIGTERM as "abort the job" and kills the ranks (and their data workers) before
+            # they can save. The ranks stop at a step boundary either way.
+            if self.process.poll() is None:
+                self.process.send_signal(signal.SIGUSR2)
+
+    def restore(self) -> None:
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
+
+
+@dataclass
+class _Watch:
+    """What the supervision loop needs to judge the ranks."""
+    paths: RunPaths
+    world_size: int
+    stall_seconds: float
+    grace: float
+    launched: float
+
+    @property
+    def interval(self) -> float:
+        return beat_interval(self.stall_seconds)
+
+    def stall(self, forwarder: _StopForwarder, now: float) -> watchdog.Stall | None:
+        beats = watchdog.read_beats(self.paths.heartbeat, since=self.launched)
+        if forwarder.at is not None:
+            found = watchdog.stop_ignored(beats, self.world_size, now, forwarder.at, self.grace,
+                                          self.interval)
+            if found:
+                return found
+        return watchdog.find_stall(beats, self.world_size, self.launched, now, self.stall_seconds,
+                                   self.interval)
+
+
+def _supervise(process: subprocess.Popen, forwarder: _StopForwarder,
+               watch: _Watch) -> tuple[int, watchdog.Stall | None]:
+    """Wait for mpirun in bounded slices; on a stall, record it and tear the ranks down."""
+    while True:
+        try:
+            return process.wait(timeout=POLL_SECONDS), None
+        except subprocess.TimeoutExpired:
+            pass
+        stall = watch.stall(forwarder, time.time())
+        if stall is not None:
+            stall = _with_process_states(stall)
+            log.error("watchdog: %s; stalled: %s", stall.why, "; ".join(
+                f"rank {r.rank} on {r.host} pid {r.pid} step {r.step} ({r.why}"
+                f"{', state ' + r.state if r.state else ''})" for r in stall.ranks))
+            events.try_record(watch.paths, events.ranks_stalled(stall.why, stall.ranks_json(),
+                                                                round(stall.idle_seconds, 1)))
+            return _tear_down(process, stall), stall
+
+
+def _with_process_states(stall: watchdog.Stall) -> watchdog.Stall:
+    """Add /proc's state (e.g. 'T (stopped)') for stalled ranks on this host."""
+    here = socket.gethostname()
+    return replace(stall, ranks=tuple(
+        replace(r, state=watchdog.process_state(r.pid)) if r.host == here else r
+        for r in stall.ranks))
+
+
+def _tear_down(process: subprocess.Popen, stall: watchdog.Stall) -> int:
+    """SIGTERM to mpirun (it kills its ranks, SIGCONT and SIGKILL included); if it has not
+    finished within TEARDOWN_SECONDS, SIGKILL the stalled ranks we can reach, then mpirun."""
+    process.terminate()
+    try:
+        return process.wait(timeout=TEARDOWN_SECONDS)
+    except subprocess.TimeoutExpired:
+        pass
+    here = socket.gethostname()
+    for rank in stall.ranks:
+        if rank.pid and rank.host == here:
+            try:
+                os.kill(rank.pid, signal.SIGKILL)
+            except OSError:
+                pass
+    try:
+        return process.wait(timeout=TEARDOWN_SECONDS)
+    except subprocess.TimeoutExpired:
+        log.error("mpirun did not end %d s after SIGTERM; killing it", 2 * TEARDOWN_SECONDS)
+        process.kill()
+        return process.wait(timeout=TEARDOWN_SECONDS)
+
+
+def run_driver(run_dir: str | Path) -> Decision:
+    """Start the ranks, watch them, then finish, fail or requeue the job; returns what it did."""
+    paths = RunPaths(Path(run_dir))
+    spec = load_spec(paths.spec)
+    environ = dict(os.environ)
+    started = time.time()
+    allocation = current_allocation(spec, environ)
+    deadline = stop_deadline(spec, environ, started)
+    argv = mpirun_argv(launch_plan(spec, paths, allocation, environ, deadline))
+    events.try_record(paths, events.started(list(allocation.host_names), allocation.world_size,
+                                            deadline, argv, spec.launch.stall_seconds))
+    log.info("starting %d ranks: %s", allocation.world_size, " ".join(argv))
+    process = subprocess.Popen(argv)
+    forwarder = _StopForwarder(process)
+    watch = _Watch(paths, allocation.world_size, spec.launch.stall_seconds,
+                   stop_grace(spec.slurm.signal_seconds), time.time())
+    # The handlers stay until the outcome is recorded: our own requeue makes Slurm SIGTERM this
+    # process at once, and the default action would end it before the `requeued` event.
+    try:
+        returncode, stall = _supervise(process, forwarder, watch)
+        if forwarder.reason:
+            events.try_record(paths, events.stop_requested(forwarder.reason, "driver signal"))
+        history = events.read(paths)
+        restart = int(environ.get("SLURM_RESTART_COUNT") or 0)
+        decision = decide(
+            returncode, stop_reason=events.stop_reason_since(history, started) or forwarder.reason,
+            restarts=restart, failed_runs=events.failed_runs(history),
+            max_requeues=spec.checkpoint.max_requeues,
+            retries_on_failure=spec.checkpoint.retries_on_failure, can_requeue=under_slurm(environ),
+            driver_signalled=forwarder.reason is not None, stall=stall.why if stall else None)
+        decision = _carry_out(decision, paths, environ, restart, returncode, time.time() - started)
+    finally:
+        forwarder.restore()
+    log.info("ranks exited %d: %s (%s)", returncode, decision.action, decision.reason)
+    return decision
+
+
+def _carry_out(decision: Decision, paths: RunPaths, environ, restart: int, returncode: int,
+               seconds: float) -> Decision:
+    """Requeue when decided and Slurm agrees; record the outcome that really happens."""
+    seconds = round(seconds, 1)
+    if decision.action == "requeue":
+        job_id = environ["SLURM_JOB_ID"]
+        path = requeue_path(scheduler.show_job(job_id), restart)
+        detail = "Slurm requeued the job already"
+        if path == "driver":
+            accepted, detail = scheduler.scontrol_requeue(job_id)
+            if not accepted:
+                decision = Decision("failed", f"{decision.reason}; but scontrol requeue failed: "
+                                              f"{detail}. Continue with `python -m hpc_train "
+                                              f"resume {paths.root}`")
+        elif path == "ending":
+            status = ending_status(time.time(), scheduler.job_end_time(job_id, environ))
+            events.try_record(paths, events.finished(status, f"{decision.reason}; not requeued: "
+                                                     "Slurm is ending the job", returncode, seconds))
+            return Decision("stopped", f"{decision.reason}; Slurm ended the job ({status})")
+        if decision.action == "requeue":
+            events.try_record(paths, events.requeued(decision.reason, decision.cause, path, detail,
+                                                     returncode, seconds))
+            return decision
+    events.try_record(paths, events.finished(decision.action, decision.reason, returncode, seconds))
+    return decision
+
+
+def _exit_status(decision: Decision) -> int:
+    return {"completed": 0, "requeue": 0, "stopped": STOP_EXIT}.get(decision.action, 1)
+
+
+def _setup_logging() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s driver %(levelname)s %(message)s")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m hpc_train.job.driver RUN_DIR`: the rendered sbatch script's entry point."""
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m hpc_train.job.driver RUN_DIR", file=sys.stderr)
+        return 2
+    _setup_logging()
+    return _exit_status(run_driver(args[0]))
+
+
+class Driver:
+    """The callable submitit pickles into the job; it only carries the run directory."""
+
+    def __init__(self, run_dir: str | Path):
+        self.run_dir = str(run_dir)
+
+    def __call__(self) -> str:
+        _setup_logging()
+        decision = run_driver(self.run_dir)
+        if decision.action in ("failed", "stopped"):
+            raise LaunchError(f"{decision.action}: {decision.reason}; see {self.run_dir}/logs/")
+        return decision.action
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

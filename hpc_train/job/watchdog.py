@@ -1,0 +1,137 @@
+"""Has the job stopped making progress, and which ranks hold it? Pure functions of the ranks'
+heartbeats (runtime/heartbeat.py) and the clock; the driver reads the files and acts.
+
+A stall is no rank progressing for `stall_seconds` (every rank waits at a collective for the
+one that is stuck, so nobody progresses). The ranks named are, in order of evidence:
+  1. ranks that stopped beating altogether (frozen process, dead node) or never beat at all;
+  2. otherwise the ranks behind the others (a lower step);
+  3. otherwise every rank (all alive at the same step: a collective hang, no single culprit).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Beat:
+    rank: int
+    step: int
+    phase: str
+    progress: float      # when the rank last progressed
+    time: float          # when the beat was written (the rank was alive)
+    pid: int | None = None
+    host: str | None = None
+
+
+@dataclass(frozen=True)
+class StalledRank:
+    rank: int
+    host: str | None
+    pid: int | None
+    step: int | None
+    phase: str | None
+    idle_seconds: float
+    why: str
+    state: str | None = None    # the process state, where the driver can see it (same host)
+
+
+@dataclass(frozen=True)
+class Stall:
+    why: str
+    idle_seconds: float
+    ranks: tuple[StalledRank, ...]
+
+    def ranks_json(self) -> list[dict]:
+        return [asdict(r) for r in self.ranks]
+
+
+def parse_beat(text: str) -> Beat | None:
+    try:
+        record = json.loads(text)
+        return Beat(int(record["rank"]), int(record["step"]), str(record.get("phase", "?")),
+                    float(record["progress"]), float(record["time"]), record.get("pid"),
+                    record.get("host"))
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def read_beats(directory: Path, since: float = 0.0) -> dict[int, Beat]:
+    """The ranks' beats written at or after `since` (older ones are an earlier run's)."""
+    beats = {}
+    if directory.is_dir():
+        for path in directory.glob("rank-*"):
+            try:
+                beat = parse_beat(path.read_text())
+            except OSError:
+                continue
+            if beat is not None and beat.time >= since:
+                beats[beat.rank] = beat
+    return beats
+
+
+def silent_after(interval: float) -> float:
+    """How long without a write before a rank counts as frozen: a few missed beats."""
+    return max(3 * interval, 10.0)
+
+
+def find_stall(beats: dict[int, Beat], world_size: int, launched: float, now: float,
+               stall_seconds: float, interval: float) -> Stall | None:
+    """None while some rank progressed within `stall_seconds` of `now` (a rank that has not
+    beaten yet counts from the launch)."""
+    progress = [beats[r].progress if r in beats else launched for r in range(world_size)]
+    idle = now - max(max(progress), launched)
+    if idle < stall_seconds:
+        return None
+    return Stall(f"no rank progressed for {idle:.0f} s (launch.stall_seconds={stall_seconds:g})",
+                 idle, culprits(beats, world_size, now, interval))
+
+
+def culprits(beats: dict[int, Beat], world_size: int, now: float,
+             interval: float) -> tuple[StalledRank, ...]:
+    silent = silent_after(interval)
+
+    def named(rank: int, why: str) -> StalledRank:
+        beat = beats.get(rank)
+        if beat is None:
+            return StalledRank(rank, None, None, None, None, now, why)
+        return StalledRank(rank, beat.host, beat.pid, beat.step, beat.phase,
+                           round(now - beat.progress, 1), why)
+
+    missing = [named(r, "no heartbeat from this run") for r in range(world_size) if r not in beats]
+    frozen = [named(r, f"no heartbeat for {now - b.time:.0f} s: the process is not running")
+              for r, b in sorted(beats.items()) if now - b.time >= silent]
+    if missing or frozen:
+        return tuple(missing + frozen)
+    low = min(b.step for b in beats.values())
+    if any(b.step > low for b in beats.values()):
+        return tuple(named(r, f"behind the others at step {b.step}")
+                     for r, b in sorted(beats.items()) if b.step == low)
+    return tuple(named(r, "alive but not progressing (all ranks at the same step)")
+                 for r in sorted(beats))
+
+
+def stop_ignored(beats: dict[int, Beat], world_size: int, now: float, signalled_at: float,
+                 grace: float, interval: float) -> Stall | None:
+    """A forwarded stop that the ranks have not obeyed (exited) within `grace` seconds."""
+    waited = now - signalled_at
+    if waited < grace:
+        return None
+    return Stall(f"the ranks did not stop within {grace:g} s of the forwarded stop", waited,
+                 culprits(beats, world_size, now, interval))
+
+
+def process_state(pid: int | None, proc: Path = Path("/proc")) -> str | None:
+    """'T (stopped)', 'R (running)', ... of a process on this host, from /proc; None elsewhere."""
+    if pid is None:
+        return None
+    try:
+        text = (proc / str(pid) / "status").read_text()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        if line.startswith("State:"):
+            return line.split(":", 1)[1].strip()
+    return None

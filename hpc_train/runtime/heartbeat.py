@@ -1,0 +1,101 @@
+"""A rank's heartbeat: where it is (step, phase) and that it is alive, for the driver's watchdog
+and for `status` on the login node.
+
+The training loop only notes progress (two assignments per step, no I/O); a daemon thread writes
+heartbeat/rank-N every `interval` seconds:
+
+    {"rank", "host", "pid", "step", "phase", "progress": time of the last progress,
+     "time": time of this write}
+
+Two clocks tell two stories: an old `progress` with a fresh `time` is a rank alive but stuck
+(in a collective waiting for a peer, or in a slow call); an old `time` is a rank that stopped
+running altogether (SIGSTOP, a frozen node, a process holding the GIL forever). A rank stuck for
+half of `stall_seconds` writes the Python stack of every thread to its log once, so `diagnose`
+can show where it hangs (a frozen process cannot; the driver reports its process state).
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import json
+import os
+import socket
+import sys
+import threading
+import time
+from pathlib import Path
+
+STACK_DUMP_HEADER = "hpc_train watchdog: no progress"
+
+
+def beat_interval(stall_seconds: float) -> float:
+    """Often enough to tell a frozen rank well within the stall bound, rarely enough for a
+    shared file system with thousands of ranks."""
+    return min(10.0, max(1.0, stall_seconds / 10))
+
+
+class Heartbeat:
+    def __init__(self, path: Path, rank: int, stall_seconds: float, clock=time.time):
+        self.path, self.rank, self.stall_seconds, self.clock = Path(path), rank, stall_seconds, clock
+        self.interval = beat_interval(stall_seconds)
+        self.step, self.phase = 0, "starting"
+        self.progress_time = clock()
+        self._dumped_at: float | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="hpc_train-heartbeat", daemon=True)
+
+    def start(self) -> Heartbeat:
+        self.write()
+        self._thread.start()
+        return self
+
+    def progress(self, step: int | None = None, phase: str | None = None) -> None:
+        """Called by the loop: cheap enough for every step and every evaluation batch."""
+        if step is not None:
+            self.step = step
+        if phase is not None:
+            self.phase = phase
+        self.progress_time = self.clock()
+
+    def record(self) -> dict:
+        return {"rank": self.rank, "host": socket.gethostname(), "pid": os.getpid(),
+                "step": self.step, "phase": self.phase, "progress": self.progress_time,
+                "time": self.clock()}
+
+    def write(self) -> None:
+        tmp = self.path.with_name(f".{self.path.name}.tmp")
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp.write_text(json.dumps(self.record()))
+            os.replace(tmp, self.path)
+        except OSError:
+            pass     # a full disk must not kill the rank; the watchdog then sees no beat
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.write()
+            self._dump_if_stuck()
+
+    def _dump_if_stuck(self) -> None:
+        idle = self.clock() - self.progress_time
+        if idle < self.stall_seconds / 2 or self._dumped_at == self.progress_time:
+            return
+        self._dumped_at = self.progress_time
+        print(f"{STACK_DUMP_HEADER} for {idle:.0f} s on rank {self.rank} at step {self.step} "
+              f"(phase {self.phase}); Python stacks of every thread follow", file=sys.stderr, flush=True)
+        faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=2 * self.interval)
+
+
+class NoHeartbeat:
+    """For code that trains outside a run (benchmarks, tests of one process)."""
+
+    def progress(self, step: int | None = None, phase: str | None = None) -> None:
+        pass
+
+    def close(self) -> None:
+        pass

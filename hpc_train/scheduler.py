@@ -1,0 +1,83 @@
+"""What Slurm says about one job, and the one change we ask of it (requeue). Commands are argv
+lists with timeouts (`_proc.run`); the parsers are pure and take the commands' text.
+
+Used inside the job (the driver's requeue) and on the login node (resume's guard), so it sits in
+the base layer with nothing of ours above it.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass
+from datetime import datetime
+
+from hpc_train import _proc
+
+# Job states in which the job is still Slurm's to run: a second writer must not be started.
+ACTIVE_STATES = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED", "REQUEUE_HOLD",
+                 "REQUEUE_FED", "RESIZING", "SUSPENDED", "STAGE_OUT", "SIGNALING", "STOPPED",
+                 "RESV_DEL_HOLD", "SPECIAL_EXIT")
+_FIELD = re.compile(r"(?:^|\s)([A-Za-z:/_]+)=(\S*)")
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    state: str            # JobState: RUNNING, COMPLETING, PENDING, ...
+    restarts: int         # requeues so far: Slurm counts one as soon as it requeues the job
+    reason: str
+
+
+def parse_slurm_time(text: str) -> float | None:
+    """squeue's %e ('2026-11-29T17:05:00', local time) -> UNIX time; None for 'N/A', 'Unknown'."""
+    try:
+        return datetime.strptime(text.strip(), "%Y-%m-%dT%H:%M:%S").timestamp()
+    except ValueError:
+        return None
+
+
+def parse_show_job(text: str) -> JobRecord | None:
+    """`scontrol show job -o ID` (one line of Key=Value) -> state, restart count, reason."""
+    fields = dict(_FIELD.findall(text))
+    if "JobState" not in fields:
+        return None
+    try:
+        restarts = int(fields.get("Restarts", "0"))
+    except ValueError:
+        restarts = 0
+    return JobRecord(fields["JobState"], restarts, fields.get("Reason", ""))
+
+
+def show_job(job_id: str, timeout: float = 20) -> JobRecord | None:
+    out = _proc.run(["scontrol", "show", "job", "-o", job_id], timeout=timeout)
+    return parse_show_job(out.stdout) if out.ok else None
+
+
+def queue_state(job_id: str, timeout: float = 20) -> str | None:
+    """squeue's state of the job; "" when Slurm no longer lists it; None when squeue fails."""
+    out = _proc.run(["squeue", "-h", "-j", job_id, "-o", "%T"], timeout=timeout)
+    if not out.ok:
+        # squeue exits non-zero for an id that has left the controller's memory.
+        return "" if "Invalid job id" in out.stderr else None
+    return out.stdout.strip().splitlines()[0] if out.stdout.strip() else ""
+
+
+def job_end_time(job_id: str, environ) -> float | None:
+    """When Slurm will end this job: SLURM_JOB_END_TIME where set, else squeue."""
+    if value := environ.get("SLURM_JOB_END_TIME"):
+        return float(value)
+    out = _proc.run(["squeue", "-h", "-j", job_id, "-o", "%e"], timeout=20)
+    return parse_slurm_time(out.stdout) if out.ok else None
+
+
+def scontrol_requeue(job_id: str, attempts: int = 3) -> tuple[bool, str]:
+    """`scontrol requeue`, tried `attempts` times: (accepted, what scontrol said)."""
+    detail = ""
+    for attempt in range(attempts):
+        out = _proc.run(["scontrol", "requeue", job_id], timeout=30)
+        if out.ok:
+            return True, "scontrol requeue accepted"
+        detail = (out.stderr or out.stdout).strip() or f"scontrol requeue exit {out.returncode}"
+        if attempt + 1 < attempts:
+            time.sleep(1 + attempt)
+    return False, detail
