@@ -96,12 +96,14 @@ def local_run(root: Path, *overrides: str, name: str = "local", spec_file: str =
 
 
 def heartbeat_step(paths: RunPaths, rank: int = 0) -> int:
-    import json
-
+    """How far the run is: the later of rank 0's last logged step and `rank`'s heartbeat (which
+    a thread rewrites every few seconds, so it may lag a fast run); -1 before either exists."""
+    logged = [m["step"] for m in read_jsonl(paths.metrics) if m.get("split") is None and "step" in m]
     try:
-        return json.loads(paths.rank_heartbeat(rank).read_text())["step"]
-    except (OSError, ValueError):
-        return -1
+        beat = json.loads(paths.rank_heartbeat(rank).read_text())["step"]
+    except (OSError, ValueError, KeyError):
+        beat = -1
+    return max([beat, *logged[-1:]])
 
 
 def drive(paths: RunPaths, signal_at_step: int | None = None, signum: int = 0, timeout: float = 300,

@@ -7,6 +7,7 @@
         replicated.pt           state every rank shares (model, optimizer, scaler, schedule, sampler)
         rank-00000.pt           state that differs per rank (RNG streams)
       .step-00001300.tmp/       a save in progress (or killed): never loaded, removed on next save
+      step-00001100.unloadable/ complete but failed to load on resume: set aside, kept to inspect
 """
 
 from __future__ import annotations
@@ -26,6 +27,10 @@ def step_dir_name(step: int) -> str:
 
 def tmp_dir_name(step: int) -> str:
     return f".{step_dir_name(step)}.tmp"
+
+
+def unloadable_dir_name(step: int) -> str:
+    return f"{step_dir_name(step)}.unloadable"
 
 
 def rank_file_name(rank: int) -> str:

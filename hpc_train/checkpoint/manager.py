@@ -113,6 +113,15 @@ class CheckpointManager:
         for leftover in self.root.glob(".step-*.tmp"):
             shutil.rmtree(leftover, ignore_errors=True)
 
+    def set_aside(self, step: int) -> Path:
+        """Move a complete checkpoint that does not load out of the way (rank 0 only): it no
+        longer counts, a new save of its step is not mistaken for it, and it stays to inspect."""
+        target = self.root / layout.unloadable_dir_name(step)
+        shutil.rmtree(target, ignore_errors=True)
+        os.replace(self.root / layout.step_dir_name(step), target)
+        _fsync_path(self.root)
+        return target
+
     def load(self, step: int | None = None) -> tuple[dict, dict | None, dict]:
         """(replicated, this rank's own state or None, meta) of `step` (default: latest complete)."""
         step = self.latest() if step is None else step

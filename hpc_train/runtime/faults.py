@@ -8,6 +8,9 @@ Set HPC_TRAIN_FAULT in the ranks' environment (e.g. through launch.env of a test
     exit:RANK:STEP             rank RANK ends at once with os._exit(1): no traceback, no event
     kill:RANK:STEP             rank RANK sends itself SIGKILL, as the kernel's OOM killer does
     segv:RANK:STEP             rank RANK reads address 0 through ctypes: a real segfault
+    freeze:RANK:STEP           rank RANK sends itself SIGSTOP at every step from STEP on (once
+                               continued, it freezes again): a rank that hangs on every run, with
+                               every thread stopped, heartbeat included, as on a hung node
                                (exit, kill and segv are how a hard exit, an OOM kill and a crash
                                in native code look to the peers and to mpirun)
 Unset (always, outside tests) it does nothing. It never reads files or runs anything.
@@ -39,11 +42,11 @@ def parse_fault(text: str | None) -> Fault | None:
     if not text:
         return None
     parts = text.split(":")
-    if parts[0] in ("raise", "oom", "exit", "kill", "segv") and len(parts) == 3:
+    if parts[0] in ("raise", "oom", "exit", "kill", "segv", "freeze") and len(parts) == 3:
         return Fault(parts[0], int(parts[1]), int(parts[2]))
     if parts[0] == "sleep" and len(parts) == 4:
         return Fault("sleep", int(parts[1]), int(parts[2]), float(parts[3]))
-    raise ValueError(f"{FAULT_ENV}={text!r}: expected raise|oom|exit|kill|segv:RANK:STEP or sleep:RANK:STEP:SECONDS")
+    raise ValueError(f"{FAULT_ENV}={text!r}: expected raise|oom|exit|kill|segv|freeze:RANK:STEP or sleep:RANK:STEP:SECONDS")
 
 
 class FaultInjector:
@@ -53,7 +56,12 @@ class FaultInjector:
 
     def at_step(self, step: int) -> None:
         fault = self.fault
-        if fault is None or fault.rank != self.rank or fault.step != step:
+        if fault is None or fault.rank != self.rank:
+            return
+        if fault.kind == "freeze" and step >= fault.step:
+            os.kill(os.getpid(), signal.SIGSTOP)
+            return
+        if fault.step != step:
             return
         if fault.kind == "sleep":
             time.sleep(fault.seconds)

@@ -60,7 +60,8 @@ class Checkpointing:
             skipped.append(step)
             log.warning("checkpoint step %d does not load, trying an older one: %s", step, error)
             if self.trainer.identity.is_main:
-                events.try_record(self.trainer.paths, events.checkpoint_skipped(step, error))
+                aside = self.manager.set_aside(step)
+                events.try_record(self.trainer.paths, events.checkpoint_skipped(step, error, str(aside)))
         if skipped:
             raise CheckpointError(f"none of the complete checkpoints under {self.manager.root} "
                                   f"loads (steps {', '.join(map(str, skipped))}; reasons in this "
