@@ -91,8 +91,8 @@ def resumed(step: int, from_checkpoint: int, spec_changed: list[str], saved_worl
             "spec_changed": spec_changed, "saved_world_size": saved_world_size, "skipped": skipped}
 
 
-def checkpoint_skipped(step: int, error: str) -> dict:
-    return {"event": CHECKPOINT_SKIPPED, "step": step, "error": error}
+def checkpoint_skipped(step: int, error: str, moved_to: str) -> dict:
+    return {"event": CHECKPOINT_SKIPPED, "step": step, "error": error, "moved_to": moved_to}
 
 
 def checkpoint_saved(step: int, reason: str, path: str, seconds: float) -> dict:
@@ -247,6 +247,118 @@ def stalls(events: list[dict]) -> list[dict]:
 
 def in_window(events: list[dict], begin: float, end: float) -> list[dict]:
     return [e for e in events if begin <= e.get("time", 0.0) < end]
+
+
+def has_job(events: list[dict], job_id: str) -> bool:
+    """Whether any event of the run was written by, or names, Slurm job `job_id`."""
+    return any(e.get("job_id") == job_id for e in events)
+
+
+def run_window(starts: list[float], index: int) -> tuple[float, float]:
+    """[begin, end) of run `index` given `run_starts`: from its start to the next one."""
+    begin = starts[index] if index < len(starts) else 0.0
+    end = starts[index + 1] if index + 1 < len(starts) else float("inf")
+    return begin, end
+
+
+def last_start(events: list[dict]) -> dict | None:
+    """The driver's latest `started` event: the current (or last) run's hosts, ranks, limits."""
+    return last(events, STARTED)
+
+
+def start_time(events: list[dict]) -> float:
+    """When the current (or last) run started; 0.0 before any start."""
+    found = run_starts(events)
+    return found[-1] if found else 0.0
+
+
+def world_size(events: list[dict]) -> int | None:
+    """Ranks of the latest run, from its `started` event."""
+    found = last_start(events)
+    return found.get("ranks") if found else None
+
+
+def stall_seconds(events: list[dict], default: float) -> float:
+    """launch.stall_seconds of the latest run, as its `started` event says (`default` before
+    the driver recorded it)."""
+    found = last_start(events)
+    value = found.get("stall_seconds") if found else None
+    return float(value) if isinstance(value, (int, float)) and value > 0 else default
+
+
+def restarts(events: list[dict]) -> int:
+    """The highest Slurm restart count any start was recorded under."""
+    return max([e.get("restart", 0) for e in starts(events)] or [0])
+
+
+def requeue_reasons(events: list[dict]) -> list[str]:
+    """The `requeued` events' reasons, first to last."""
+    return [e.get("reason", "?") for e in requeues(events)]
+
+
+def training_start(events: list[dict]) -> dict | None:
+    """The latest `training_started`: total_steps, steps_per_epoch, world_size, ..."""
+    return last(events, TRAINING_STARTED)
+
+
+def rank_failures(events: list[dict]) -> list[dict]:
+    """`rank_failed` events in order; the first one of a run is its cause (as the rank saw it)."""
+    return named(events, RANK_FAILED)
+
+
+def last_stop(events: list[dict]) -> dict | None:
+    """The ranks' last agreed stop (`stop_saved`: step, reason) among `events`."""
+    return last(events, STOP_SAVED)
+
+
+def last_stall(events: list[dict]) -> dict | None:
+    """The watchdog's last `ranks_stalled` among `events` (why, idle_seconds, ranks)."""
+    return last(events, RANKS_STALLED)
+
+
+def ending(events: list[dict]) -> dict | None:
+    """How a run ended as the driver recorded it: its first `requeued` or `finished` event."""
+    found = named(events, REQUEUED, FINISHED)
+    return found[0] if found else None
+
+
+def was_requeued(event: dict | None) -> bool:
+    """Whether a run's ending (`ending`) is a requeue (else it finished, or is not recorded)."""
+    return event is not None and event.get("event") == REQUEUED
+
+
+def ending_words(event: dict | None) -> str | None:
+    """A run's ending for people: "requeued (cause stop, by driver)" or "finished stopped"."""
+    if event is None:
+        return None
+    if was_requeued(event):
+        return f"requeued (cause {event.get('cause') or '?'}, by {event.get('by') or '?'})"
+    return f"finished {event.get('status') or '?'}"
+
+
+def last_stop_request(events: list[dict]) -> dict | None:
+    """The driver's last `stop_requested` among `events` (the signal the job got)."""
+    return last(events, STOP_REQUESTED)
+
+
+def ended_by_stop(event: dict | None) -> bool:
+    """Whether a run's ending (`ending`) was a stop, not a failure: requeued because the ranks
+    stopped or a signal to the job interrupted them, or finished `stopped`."""
+    if event is None:
+        return False
+    if event.get("event") == REQUEUED:
+        return event.get("cause") in (CAUSE_STOP, CAUSE_INTERRUPTED)
+    return event.get("event") == FINISHED and event.get("status") == "stopped"
+
+
+def ended_by_time_limit(event: dict | None) -> bool:
+    """Whether a run's ending is the job ended by Slurm at its time limit."""
+    return event is not None and event.get("event") == FINISHED and event.get("status") == "timeout"
+
+
+def checkpoint_errors(events: list[dict]) -> list[str]:
+    """The errors of checkpoints that failed to load (`checkpoint_skipped`), in order."""
+    return [e.get("error", "") for e in named(events, CHECKPOINT_SKIPPED)]
 
 
 def state(events: list[dict]) -> str:

@@ -16,6 +16,7 @@ import torch
 from PIL import Image
 from torch.utils.data import DataLoader
 
+from hpc_train.data.sampler import SampleKey
 from hpc_train.data.shard_dataset import ShardedImages, contiguous_runs
 from hpc_train.data.transforms import TrainTransform, ValTransform
 from hpc_train.errors import DataError
@@ -185,6 +186,19 @@ def test_getitems_matches_item_by_item(jpeg_dir):
     loader = DataLoader(ds, batch_size=4, sampler=order)
     images, labels = next(iter(loader))
     assert images.shape == (4, 3, 16, 16) and labels.tolist() == [11 % 3, 0, 2, 0]
+
+
+def test_getitems_draws_each_key_its_own_augmentation(tmp_path):
+    n = sum(COUNTS)
+    noise = [np.random.default_rng(i).integers(0, 256, (24, 32, 3), dtype=np.uint8) for i in range(n)]
+    write_split(tmp_path, "train", noise, [i % 3 for i in range(n)], COUNTS)   # crops differ
+    ds = ShardedImages(tmp_path, "train", TrainTransform(16, normalize=False), seed=1)
+    # Sorting by shard and offset must keep each key with its sample: the same index twice in
+    # other epochs, across shards, out of order.
+    keys = [SampleKey(0, 9), SampleKey(1, 3), SampleKey(0, 3), SampleKey(2, 0), SampleKey(1, 9)]
+    batched = [image for image, _ in ds.__getitems__(keys)]
+    assert all(torch.equal(image, ds[key][0]) for image, key in zip(batched, keys))
+    assert not torch.equal(batched[1], batched[2]) and not torch.equal(batched[0], batched[4])
 
 
 def test_contiguous_runs_merge_small_gaps():

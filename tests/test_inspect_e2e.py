@@ -5,7 +5,8 @@ ranks that die without a traceback: os._exit, SIGKILL, a segfault)
 produce the logs that the signatures must recognise.
 
 One module fixture runs everything once, concurrently where it can: the two Slurm jobs queue
-while the local runs train one after another in a thread.
+while the local runs train one after another in a thread. A run on a truncated shard and a run
+stopped by USR2 need no Slurm and run on their own.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import threading
 import time
@@ -23,10 +25,12 @@ import pytest
 from hpc_train.inspect.diagnose import diagnose
 from hpc_train.launch.mpi import local_run_flags, parse_mpirun_version
 from hpc_train.rundir import RunPaths, append_jsonl
+from hpc_train.runtime.stop import STOP_EXIT
 from tests.conftest import REPO
+from tests.jsonschema_mini import validate
 from tests.runs import cli, describe_failure, drive, events, local_run, submit
 
-pytestmark = [pytest.mark.slurm, pytest.mark.mpi, pytest.mark.horovod, pytest.mark.slow]
+pytestmark = [pytest.mark.mpi, pytest.mark.horovod, pytest.mark.slow]
 
 SMALL = ["data.kind=synthetic", "data.train_samples=512", "data.val_samples=0", "data.image_size=16",
          "data.workers=1", "log.every_steps=1", "optim.max_steps=8"]
@@ -138,6 +142,7 @@ def runs(slurm_cluster, tmp_path_factory):
     return results
 
 
+@pytest.mark.slurm
 def test_status_follows_a_slurm_run_through_a_requeue_to_completion(runs):
     life, snapshots = runs["life"], runs["life_snapshots"]
     running = [s for s in snapshots if s["state"] == "RUNNING" and s["step"]]
@@ -156,6 +161,7 @@ def test_status_follows_a_slurm_run_through_a_requeue_to_completion(runs):
     assert status_json(life.root, "--no-slurm")["state"] == "COMPLETED"
 
 
+@pytest.mark.slurm
 def test_logs_split_the_requeued_runs_and_merge_ranks(runs):
     life = runs["life"]
     first = cli("logs", str(life.root), "--all-ranks", "--run", "0").stdout.splitlines()
@@ -171,6 +177,7 @@ def test_logs_split_the_requeued_runs_and_merge_ranks(runs):
     assert only and all("rank 1 done" in line for line in only)
 
 
+@pytest.mark.slurm
 def test_the_first_failed_rank_is_found_from_the_logs(runs, tmp_path):
     assert "error" not in runs, runs.get("error")
     oom, returncode = runs["oom"]
@@ -191,6 +198,7 @@ def test_the_first_failed_rank_is_found_from_the_logs(runs, tmp_path):
     assert "rank_failed event: agrees" in out.stdout
 
 
+@pytest.mark.slurm
 def test_a_stalled_rank_is_reported_with_its_number(runs):
     assert "error" not in runs, runs.get("error")
     stall, returncode, seen = runs["stall"]
@@ -203,6 +211,7 @@ def test_a_stalled_rank_is_reported_with_its_number(runs):
     assert "stalled_collective" in [s["id"] for s in result.signatures]
 
 
+@pytest.mark.slurm
 @pytest.mark.parametrize("kind, how", [("exit", "exit code 1"), ("kill", "signal 9 (Killed)"),
                                        ("segv", "signal 11 (Segmentation fault)")])
 def test_a_rank_that_dies_without_a_traceback_is_named_by_mpiruns_report(runs, kind, how):
@@ -222,6 +231,7 @@ def test_a_rank_that_dies_without_a_traceback_is_named_by_mpiruns_report(runs, k
     assert status_json(paths.root, "--no-slurm")["diagnosis"]["first_failure"]["rank"] == 1
 
 
+@pytest.mark.slurm
 @pytest.mark.parametrize("name, signature", [("corrupt", "corrupt_shard"), ("spec", "spec_mismatch"),
                                              ("mpi", "mpi_launch"), ("timelimit", "slurm_time_limit")])
 def test_real_failures_match_their_signatures(runs, name, signature):
@@ -234,3 +244,51 @@ def test_real_failures_match_their_signatures(runs, name, signature):
     assert out.returncode == 0, out.stderr
     ids = [s["id"] for s in json.loads(out.stdout)["signatures"]]
     assert signature in ids, (ids, describe_failure(paths))
+
+
+def test_a_truncated_shard_is_named_by_diagnose(tmp_path):
+    """The smoke job on demo shards with one train shard cut to half its size (an interrupted
+    copy): the rank fails in a DataLoader worker (torch re-raises its DataError), and diagnose
+    names the shard file in the first failure and in the corrupt_shard signature."""
+    shards = tmp_path / "shards"
+    shutil.copytree(REPO / "data/demo-shards", shards)
+    victim = shards / "train" / "shard-00001.h5"
+    with open(victim, "r+b") as handle:
+        handle.truncate(victim.stat().st_size // 2)
+    paths = local_run(tmp_path, f"data.path={shards}", "data.workers=2", "optim.max_steps=6",
+                      _env(), name="truncated")
+    assert drive(paths, timeout=240) != 0, describe_failure(paths)
+    assert events(paths, "finished")[-1]["status"] == "failed"
+    result = diagnose(paths)
+    assert result.found_by == "traceback", describe_failure(paths)
+    assert str(victim) in result.first_failure.exception
+    assert "(raised in DataLoader worker process" in result.first_failure.exception
+    assert result.event_rank == result.first_failure.rank and result.stop is None and result.stall is None
+    [shard] = [s for s in result.signatures if s["id"] == "corrupt_shard"]
+    assert shard["file"] == str(victim) and str(victim) in shard["line"]
+    text = cli("diagnose", str(paths.root), "--no-slurm")
+    assert text.returncode == 0, text.stderr
+    assert f"exception: hpc_train.errors.DataError: {victim}: cannot open as a shard" in text.stdout
+    assert f"  file: {victim}" in text.stdout
+    out = cli("diagnose", str(paths.root), "--json", "--no-slurm")
+    assert [s["file"] for s in json.loads(out.stdout)["signatures"] if s["id"] == "corrupt_shard"] == [str(victim)]
+    status = status_json(paths.root, "--no-slurm")
+    assert status["state"] == "FAILED" and str(victim) in status["diagnosis"]["first_failure"]["exception"]
+    assert validate({"runs": [status]}, json.loads((REPO / "docs/status-schema.json").read_text())) == []
+
+
+def test_a_deliberate_stop_is_not_a_failed_rank(tmp_path):
+    """USR2 to the driver: the ranks agree, save and exit with STOP_EXIT (75), which mpirun reports
+    as "Exit code: 75". diagnose says the run stopped on purpose and names no failed rank."""
+    paths = local_run(tmp_path, *SMALL, "optim.max_steps=40", _env(), name="stopped")
+    assert drive(paths, signal_at_step=3, signum=signal.SIGUSR2, timeout=240) == STOP_EXIT, describe_failure(paths)
+    result = diagnose(paths)
+    assert result.launcher is not None and result.launcher["how"] == f"exit code {STOP_EXIT}", describe_failure(paths)
+    assert result.first_failure is None and result.found_by is None and result.failed_ranks == []
+    saved = events(paths, "stop_saved")[-1]
+    assert (result.stop["reason"], result.stop["step"]) == ("SIGUSR2", saved["step"])
+    assert result.stop["ending"] == "finished stopped"           # local: not requeued
+    out = cli("diagnose", str(paths.root), "--no-slurm")
+    assert "stopped on purpose: SIGUSR2" in out.stdout and "first failed rank" not in out.stdout
+    status = status_json(paths.root, "--no-slurm")
+    assert status["state"] == "STOPPED" and status["diagnosis"]["first_failure"] is None

@@ -1,7 +1,10 @@
 """A rank that dies without a traceback is named by mpirun's report (pure parsing and the rule
-that decides between it and the tracebacks). The driver output below was recorded from real runs
-on this machine (Open MPI 4.1.4, faults exit:1:3 and kill:1:3); tests/test_inspect_e2e.py
-produces it again and diagnoses the real run directories."""
+that decides between it and the tracebacks); a deliberate stop (STOP_EXIT) is not a failure; a
+stall the driver recorded, or a frozen rank of a running run, is diagnosed with the rank's state
+and stacks. The driver output below was recorded from real runs on this machine (Open MPI 4.1.4,
+faults exit:1:3 and kill:1:3, and ranks exiting 75); tests/test_inspect_e2e.py produces the
+failures again and diagnoses the real run directories. Events are built with hpc_train.events'
+constructors."""
 
 from __future__ import annotations
 
@@ -10,11 +13,15 @@ import time
 
 import pytest
 
+from hpc_train import events
 from hpc_train.inspect.diagnose import Failure, diagnose, silent_failure
 from hpc_train.inspect.launcher import RankExit, exit_hint, rank_exits
 from hpc_train.inspect.logparse import Line, Traceback, stamp_time
 from hpc_train.inspect.render import diagnosis_text
+from hpc_train.inspect.slurm_state import SlurmInfo
 from hpc_train.rundir import RunPaths, append_jsonl
+from hpc_train.runtime.heartbeat import STACK_DUMP_HEADER
+from hpc_train.runtime.stop import STOP_EXIT
 from tests.conftest import REPO
 from tests.jsonschema_mini import validate
 from tests.runs import cli
@@ -101,8 +108,10 @@ def _run_dir(tmp_path, starts: list[float]) -> RunPaths:
     paths = RunPaths(tmp_path / "run")
     paths.make_dirs()
     for start in starts:
-        append_jsonl(paths.events, {"time": start, "event": "started", "job_id": "1"})
-    append_jsonl(paths.events, {"time": starts[-1] + 30, "event": "finished", "status": "failed"})
+        append_jsonl(paths.events, events.stamped(events.started(["vm"], 2, None, [], 300.0),
+                                                  environ={"SLURM_JOB_ID": "1"}, now=start))
+    append_jsonl(paths.events, events.stamped(events.finished("failed", "ranks failed (mpirun exit 1)", 1, 30.0),
+                                              environ={"SLURM_JOB_ID": "1"}, now=starts[-1] + 30))
     for rank in (0, 1):
         stamp = time.strftime("%Y-%m-%d %H:%M:%S,000", time.localtime(starts[-1] + 1))
         paths.rank_log(rank).write_text(f"{stamp} rank {rank} hpc_train.worker INFO rank {rank}/2\n")
@@ -135,3 +144,181 @@ def test_status_json_with_a_launcher_report_validates_against_the_schema(tmp_pat
     document = json.loads(out.stdout)
     assert validate(document, json.loads((REPO / "docs/status-schema.json").read_text())) == []
     assert document["runs"][0]["diagnosis"]["found_by"] == "mpirun"
+
+
+# -- a deliberate stop is not a failure -------------------------------------------------------
+
+# Open MPI 4.1.4 on this machine, two ranks that exit with STOP_EXIT (recorded with `mpirun -np 2
+# python -c "import sys; sys.exit(75)"`).
+STOP_REPORT = f"""{STARTING}
+{BANNER}
+mpirun detected that one or more processes exited with non-zero status, thus causing
+the job to be terminated. The first process to do so was:
+
+  Process name: [[17632,1],1]
+  Exit code:    75
+--------------------------------------------------------------------------
+2026-11-29 20:50:30,101 driver INFO ranks exited 75: requeue (SIGUSR2)"""
+
+
+def _stamp(at: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S,000", time.localtime(at))
+
+
+def _events_run(tmp_path, made: list[tuple[dict, float]], logs: dict[int, str] | None = None) -> RunPaths:
+    """A run directory whose events come from hpc_train.events' constructors, stamped at times."""
+    paths = RunPaths(tmp_path / "run")
+    paths.make_dirs()
+    for event, at in made:
+        append_jsonl(paths.events, events.stamped(event, environ={}, now=at))
+    for rank, text in (logs or {}).items():
+        paths.rank_log(rank).write_text(text)
+    return paths
+
+
+def test_exit_code_75_is_a_stop_in_mpiruns_report():
+    [stop] = parse(STOP_REPORT)
+    assert (stop.rank, stop.how, stop.stopped) == (1, f"exit code {STOP_EXIT}", True)
+    assert not parse(EXIT_REPORT)[0].stopped
+    assert "stopped on purpose" not in exit_hint("exit code 1")
+    assert "STOP_EXIT" in exit_hint(stop.how) and "not a failure" in exit_hint(stop.how)
+    assert silent_failure({}, stop, LOGS) is None
+
+
+def test_a_run_stopped_by_usr2_and_requeued_is_not_a_failed_rank(tmp_path):
+    start = stamp_time(STARTING)
+    paths = _events_run(tmp_path, [
+        (events.started(["vm"], 2, None, ["mpirun"], 300.0), start),
+        (events.stop_saved(40, "SIGUSR2"), start + 10),
+        (events.stop_requested("SIGUSR2", "driver signal"), start + 11),
+        (events.requeued("SIGUSR2", events.CAUSE_STOP, "driver", "", STOP_EXIT, 12.0), start + 12)],
+        {r: f"{_stamp(start + 1)} rank {r} hpc_train.worker INFO rank {r}/2\n"
+            f"{_stamp(start + 10)} rank {r} hpc_train.worker INFO rank {r} stopped (SIGUSR2) after "
+            f"saving; exit 75\n" for r in (0, 1)})
+    (paths.submitit / "1_0_log.err").write_text(STOP_REPORT + "\n")
+    result = diagnose(paths)
+    assert result.first_failure is None and result.found_by is None
+    assert result.stop == {"reason": "SIGUSR2", "step": 40, "ending": "requeued (cause stop, by driver)",
+                           "detail": "SIGUSR2"}
+    assert result.launcher["how"] == "exit code 75"
+    text = diagnosis_text(result)
+    assert "stopped on purpose: SIGUSR2 at step 40 (checkpoint saved); then requeued (cause stop" in text
+    assert "first failed rank" not in text and "exit code 75 = STOP_EXIT, stopped on purpose" in text
+
+
+def test_mpiruns_stop_exit_alone_is_a_stop_and_a_real_failure_still_is_one(tmp_path):
+    start = stamp_time(STARTING)
+    # The events of the stop were lost (a full disk): mpirun's exit code 75 still says it.
+    paths = _events_run(tmp_path / "lost", [(events.started(["vm"], 2, None, [], 300.0), start)],
+                        {0: f"{_stamp(start + 1)} rank 0 x INFO rank 0/2\n"})
+    (paths.submitit / "1_0_log.err").write_text(STOP_REPORT + "\n")
+    lost = diagnose(paths)
+    assert lost.first_failure is None and lost.stop["reason"] is None and lost.stop["step"] is None
+    failed = _events_run(tmp_path / "failed", [(events.started(["vm"], 2, None, [], 300.0), start),
+                                               (events.finished("failed", "ranks failed", 1, 9.0), start + 9)],
+                         {0: f"{_stamp(start + 1)} rank 0 x INFO rank 0/2\n"})
+    (failed.submitit / "1_0_log.err").write_text(EXIT_REPORT + "\n")
+    result = diagnose(failed)
+    assert result.stop is None and (result.found_by, result.first_failure.rank) == ("mpirun", 1)
+
+
+# -- stalls ------------------------------------------------------------------------------------
+
+STUCK = "  File \"/work/main/hpc_train/train/trainer.py\", line 177 in train_epoch"
+
+
+def _dump(at: float, step: int, frame: str) -> str:
+    return (f"{_stamp(at)} rank 1 hpc_train.trainer INFO step {step}/8 loss 2.2\n"
+            f"{STACK_DUMP_HEADER} for 31 s on rank 1 at step {step} (phase train); Python stacks of "
+            "every thread follow\n"
+            "Thread 0x00007f0b7551c6c0 (most recent call first):\n"
+            f"{frame}\n  File \"/work/main/hpc_train/job/worker.py\", line 71 in main\n\n"
+            "Current thread 0x00007f0b7627eb80 (most recent call first):\n"
+            "  File \"/work/main/hpc_train/runtime/heartbeat.py\", line 88 in _dump_if_stuck\n\n")
+
+
+def _stalled_run(tmp_path, ending: dict, signal_report: bool = True) -> RunPaths:
+    start = stamp_time(STARTING)
+    rank1 = (_dump(start - 500, 1, "  File \"/old/run.py\", line 1 in old")      # an earlier run's
+             + f"{_stamp(start + 1)} rank 1 hpc_train.worker INFO rank 1/2\n"
+             + _dump(start + 20, 2, "  File \"/first/dump.py\", line 1 in first")
+             + _dump(start + 40, 3, STUCK))
+    paths = _events_run(tmp_path, [
+        (events.started(["vm"], 2, None, [], 60.0), start - 600),
+        (events.started(["vm"], 2, None, [], 60.0), start),
+        (events.ranks_stalled("no rank progressed for 61 s (launch.stall_seconds=60)",
+                              [{"rank": 1, "host": "vm", "pid": 4242, "step": 3, "phase": "train",
+                                "idle_seconds": 61.0, "state": "T (stopped)",
+                                "why": "no heartbeat for 61 s: the process is not running"},
+                               # a rank that never beat: the watchdog records `now` as its idle time
+                               {"rank": 0, "host": None, "pid": None, "step": None, "phase": None,
+                                "idle_seconds": start + 70, "state": None,
+                                "why": "no heartbeat from this run"}], 61.0),
+         start + 70),
+        (ending, start + 75)],
+        {0: f"{_stamp(start + 1)} rank 0 x INFO rank 0/2\n"
+            # the teardown's consequence on rank 0, after the stall: not the cause
+            f"{_stamp(start + 72)} rank 0 x ERROR rank 0 failed:\nTraceback (most recent call last):\n"
+            "  File \"x\"\nRuntimeError: Horovod has been shut down\n", 1: rank1})
+    if signal_report:
+        (paths.submitit / "1_0_log.err").write_text(
+            f"{STARTING}\nmpirun noticed that process rank 1 with PID 0 on node vm exited on signal 9 "
+            "(Killed).\n")
+    return paths
+
+
+def test_a_recorded_stall_names_the_rank_its_state_and_its_last_stacks(tmp_path):
+    paths = _stalled_run(tmp_path, events.requeued("stall: no rank progressed", events.CAUSE_STALL,
+                                                   "driver", "", 143, 75.0))
+    result = diagnose(paths)
+    assert result.first_failure is None and result.found_by is None     # the teardown killed rank 1
+    assert result.stop is None and result.stalled_ranks == [0, 1] and result.stall["source"] == "driver"
+    rank, never = result.stall["ranks"]
+    assert never["idle_seconds"] == 70.0 and never["stacks"] is None   # capped at the run's age
+    assert (rank["rank"], rank["host"], rank["pid"], rank["step"], rank["phase"], rank["state"]) == (
+        1, "vm", 4242, 3, "train", "T (stopped)")
+    assert STUCK in rank["stacks"] and "/first/dump.py" not in rank["stacks"] and "/old/" not in rank["stacks"]
+    assert rank["stacks"].startswith(f"{STACK_DUMP_HEADER} for 31 s on rank 1 at step 3")
+    first = result.signatures[0]
+    assert first["id"] == "rank_stalled" and first["title"] == "a rank stopped progressing"
+    assert first["fix"].startswith("the driver tore the ranks down and requeued (counts toward "
+                                   "checkpoint.retries_on_failure)")
+    assert "rank 1 on vm pid 4242 step 3 (train, state T (stopped))" in first["line"]
+    assert [s["id"] for s in result.signatures].count("rank_stalled") == 1
+    text = diagnosis_text(result)
+    assert "stalled: no rank progressed for 61 s" in text and "process state T (stopped)" in text
+    assert STUCK in text and "first failed rank" not in text
+    assert "signal 9 (Killed) on node vm, in the driver's teardown of the stalled ranks" in text
+    assert "then: requeued (cause stall, by driver)" in text
+
+
+def test_a_stalled_run_ended_by_the_time_limit_is_a_stall_first(tmp_path):
+    paths = _stalled_run(tmp_path, events.finished("timeout", "stall: ...; not requeued: Slurm is "
+                                                   "ending the job", 143, 75.0))
+    (paths.submitit / "1_0_log.err").write_text("slurmstepd: error: *** JOB 7 ON vm CANCELLED AT "
+                                                "2026-11-29T21:00:00 DUE TO TIME LIMIT ***\n")
+    result = diagnose(paths, slurm=SlurmInfo("TIMEOUT", "0:15", "sacct"))
+    ids = [s["id"] for s in result.signatures]
+    assert ids[0] == "rank_stalled" and "slurm_time_limit" not in ids
+    assert "Slurm's time limit ended the job: a consequence of the stall" in result.signatures[0]["line"]
+    assert "not requeued" in result.signatures[0]["fix"] and "raise slurm.time" not in diagnosis_text(result)
+
+
+def test_a_running_runs_frozen_rank_is_named_from_the_heartbeats(tmp_path):
+    start = stamp_time(STARTING)
+    paths = _events_run(tmp_path, [(events.started(["vm"], 2, None, [], 300.0), start)],
+                        {1: f"{_stamp(start + 1)} rank 1 x INFO rank 1/2\n"})
+    for rank, alive in ((0, start + 99), (1, start + 50)):
+        paths.rank_heartbeat(rank).write_text(json.dumps(
+            {"rank": rank, "host": "vm", "pid": 10 + rank, "step": 7, "phase": "train",
+             "progress": start + 45, "time": alive}))
+    result = diagnose(paths, now=start + 100)
+    assert result.stall["source"] == "heartbeats" and result.stalled_ranks == [1]
+    [rank] = result.stall["ranks"]
+    assert (rank["host"], rank["pid"], rank["step"]) == ("vm", 11, 7)
+    assert "no heartbeat for 50 s" in rank["why"] and rank["stacks"] is None
+    assert result.signatures[0]["source"] == "heartbeats"
+    assert diagnose(paths, now=start + 60).stall is None          # 10 s without a beat is not frozen
+    finished = _events_run(tmp_path / "done", [(events.started(["vm"], 2, None, [], 300.0), start),
+                                               (events.finished("completed", "ok", 0, 99.0), start + 99)])
+    assert diagnose(finished, now=start + 100).stall is None      # only while RUNNING

@@ -18,7 +18,8 @@ def ids(lines, source="x") -> list[str]:
 @pytest.mark.parametrize("sample, expected", [
     ("cuda_oom.log", "cuda_oom"), ("nccl_timeout.log", "collective_timeout"),
     ("node_failure.out", "node_failure"), ("preemption.out", "slurm_preemption"),
-    ("slurm_oom_kill.out", "cpu_oom")])
+    ("slurm_oom_kill.out", "cpu_oom"), ("enospc_checkpoint.log", "disk_full"),
+    ("corrupt_shard_worker.log", "corrupt_shard")])
 def test_recorded_samples_match_exactly_their_signature(sample, expected):
     assert ids((SAMPLES / sample).read_text().splitlines()) == [expected]
 
@@ -47,3 +48,41 @@ def test_missing_ranks_reads_horovods_stall_warning():
             "2026-11-29 18:55:06,000 rank 0 later 5: [not a rank list]"]
     assert missing_ranks(text) == [1, 3]
     assert missing_ranks(["1: [allreduce.a]"]) == []          # only under the heading
+
+
+def test_a_full_disk_during_a_checkpoint_save_is_disk_full_with_a_fix():
+    # Recorded: torch.save into an open file on a device that answers ENOSPC.
+    [found] = match_signatures(("rank-00000.log", line)
+                               for line in (SAMPLES / "enospc_checkpoint.log").read_text().splitlines())
+    assert found.signature.id == "disk_full" and found.signature.title == "disk full (ENOSPC)"
+    assert found.line == "OSError: [Errno 28] No space left on device"
+    for words in ("free space", "checkpoint.keep_last", "run.root"):
+        assert words in found.signature.fix
+    assert ids(["errno 28 in prose", "saved 28 MB"]) == []
+
+
+def test_a_corrupt_shard_names_its_file_and_code_lines_of_a_traceback_never_match():
+    lines = (SAMPLES / "corrupt_shard_worker.log").read_text().splitlines()
+    [found] = match_signatures(("rank-00001.log", line) for line in lines)
+    assert found.line.startswith("hpc_train.errors.DataError: /scratch/demo-shards/train/shard-00001.h5: "
+                                 "cannot open as a shard: Unable to synchronously open file (truncated")
+    assert found.file == "/scratch/demo-shards/train/shard-00001.h5"
+    # The source line under a frame quotes the message's format, not a message: no match there.
+    frame = ['  File "/w/hpc_train/data/shard_dataset.py", line 145, in _shard',
+             '    raise DataError(f"{self.files[k]}: cannot open as a shard: {exc}") from None']
+    assert ids(frame) == [] and ids(frame[1:]) == ["corrupt_shard"]
+    decode = ("hpc_train.errors.DataError: /d/train/shard-00003.h5 record 7 (global index 99, key "
+              "n01/x.JPEG): cannot decode: OSError: x")
+    record = match_signatures([("r", decode)])
+    assert record[0].file == "/d/train/shard-00003.h5"
+    assert match_signatures([("r", "Connection closed by peer")])[0].file is None
+
+
+def test_the_drivers_watchdog_line_is_a_stall():
+    line = ("2026-11-30 08:20:01,004 driver ERROR watchdog: no rank progressed for 61 s "
+            "(launch.stall_seconds=60); stalled: rank 1 on vm pid 4242 step 3 (no heartbeat for 61 s: "
+            "the process is not running, state T (stopped))")
+    [found] = match_signatures([("local_0_log.err", line)])
+    assert found.signature.id == "rank_stalled" and found.signature.title == "a rank stopped progressing"
+    assert found.signature.fix.startswith("the driver tore the ranks down and requeued (counts toward "
+                                          "checkpoint.retries_on_failure)")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from hpc_train.data.sampler import SampleKey
 from hpc_train.data.synthetic import SyntheticImages
 from hpc_train.rundir import RunPaths, append_jsonl, read_jsonl
 from hpc_train.runtime.identity import RankInfo, rank_from_env
@@ -27,6 +28,7 @@ def test_synthetic_samples_are_pure_functions_of_seed_and_index():
     assert image.shape == (3, 8, 8) and 0 <= label < 4
     assert torch.equal(image, b[3][0]) and label == b[3][1]
     assert not torch.equal(image, a[4][0])
+    assert torch.equal(image, a[SampleKey(2, 3)][0])          # no augmentation: epoch-blind
     val = SyntheticImages(10, 4, 8, seed=1, first_index=1000)
     assert torch.equal(val.patterns, a.patterns) and not torch.equal(val[3][0], image)
     with pytest.raises(IndexError):

@@ -7,17 +7,20 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from hpc_train.data.sampler import (ResumableBlockSampler, ValidationSampler, block_order,
-                                    rank_batches, validation_part)
+from hpc_train.data.sampler import (ResumableBlockSampler, SampleKey, ValidationSampler, as_key,
+                                    block_order, rank_batches, validation_part)
 from hpc_train.errors import DataError
 
 
 def _epoch(num_samples, world, batch, seed=3, epoch=0, block_size=16, consumed=0):
+    """Each rank's global indices (the keys' epochs checked on the way)."""
     parts = []
     for rank in range(world):
         s = ResumableBlockSampler(num_samples, rank, world, batch, seed=seed, block_size=block_size)
         s.set_epoch(epoch, consumed)
-        parts.append(list(s))
+        keys = list(s)
+        assert all(type(key) is SampleKey and key.epoch == epoch for key in keys)
+        parts.append([key.index for key in keys])
     return parts
 
 
@@ -80,7 +83,7 @@ def test_interrupted_epoch_resumes_exactly():
     for rank in range(world):
         fresh = ResumableBlockSampler(num_samples, rank, world, batch, seed=3, block_size=16)
         fresh.load_state_dict(states[rank])
-        rest = list(fresh)
+        rest = [key.index for key in fresh]
         assert len(fresh) == len(rest)
         assert full[rank][:done * batch] + rest == full[rank]
 
@@ -103,15 +106,31 @@ def test_rank_batches_drops_only_the_tail():
     assert rank_batches(order, 0, 2, 3, consumed=12).tolist() == [12, 13, 14]
 
 
+class KeyEcho(torch.utils.data.Dataset):
+    """(epoch, index) of each key, as a training dataset sees them."""
+
+    def __len__(self):
+        return 100
+
+    def __getitem__(self, key):
+        return torch.tensor(as_key(key))
+
+
 def test_loader_length_and_epoch_change():
     s = ResumableBlockSampler(100, 0, 2, 5, block_size=8)
-    loader = DataLoader(torch.arange(100), batch_size=5, sampler=s, drop_last=True)
+    loader = DataLoader(KeyEcho(), batch_size=5, sampler=s, drop_last=True)
     assert len(loader) == s.batches_per_epoch == 10
     s.set_epoch(0, consumed=30)
     assert len(loader) == 7 and s.batches_per_epoch == 10
     assert sum(len(b) for b in loader) == 35
     s.set_epoch(1)
-    assert len(list(loader)) == 10
+    batches = list(loader)
+    assert len(batches) == 10 and all((b[:, 0] == 1).all() for b in batches)   # epoch reaches it
+
+
+def test_a_plain_index_is_epoch_zero():
+    assert as_key(7) == as_key(np.int64(7)) == SampleKey(0, 7)
+    assert as_key(SampleKey(3, 7)) == SampleKey(3, 7)
 
 
 def test_state_from_other_data_is_refused():

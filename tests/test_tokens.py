@@ -8,8 +8,10 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
+from hpc_train.data.sampler import SampleKey
 from hpc_train.data.tokens import TokenShards, TokenWindows, generate_corpus
 from hpc_train.errors import DataError
+from tests.conftest import REPO
 from tests.runs import cli
 
 
@@ -27,6 +29,8 @@ def test_windows_are_shifted_by_one():
     x, y = windows[1]
     assert bytes(x.numpy().astype(np.uint8)) == b"def" and bytes(y.numpy().astype(np.uint8)) == b"efg"
     assert x.dtype == torch.int64
+    # The training sampler's keys read the same window whatever the epoch (no augmentation).
+    assert all(torch.equal(a, b) for a, b in zip(windows[SampleKey(4, 1)], (x, y)))
 
 
 @pytest.fixture(scope="module")
@@ -62,6 +66,21 @@ def test_worker_processes_read_the_same_windows(shards):
     forked = [b for b in DataLoader(dataset, batch_size=16, num_workers=2,
                                     multiprocessing_context="fork")]
     assert all(torch.equal(a[0], b[0]) for a, b in zip(plain, forked))
+
+
+def test_training_loader_reads_the_windows_its_sampler_names(shards):
+    from hpc_train.spec import load_spec
+    from hpc_train.train.data import build_loaders
+
+    out, _ = shards
+    spec = load_spec(REPO / "jobs/transformer_pipeline_cpu.yaml", [
+        "data.kind=tokens", f"data.path={out}", "data.seq_len=32", "data.workers=2"])
+    train, val = build_loaders(spec, 0, 1, pin=False)
+    train.sampler.set_epoch(1)
+    keys = list(train.sampler)[:spec.data.batch_size]
+    x, y = next(iter(train))
+    assert torch.equal(x, torch.stack([train.dataset[k.index][0] for k in keys]))
+    assert torch.equal(x[:, 1:], y[:, :-1]) and len(next(iter(val))[0]) > 0
 
 
 def test_truncated_or_corrupt_shards_raise_data_errors(shards, tmp_path):

@@ -28,7 +28,7 @@ def test_start_up_counts_from_the_launch():
     assert find_stall({}, 2, LAUNCH, LAUNCH + STALL - 1, STALL, INTERVAL) is None
     stall = find_stall({}, 2, LAUNCH, LAUNCH + STALL, STALL, INTERVAL)
     assert [r.rank for r in stall.ranks] == [0, 1]
-    assert all("no heartbeat" in r.why for r in stall.ranks)
+    assert all("no heartbeat" in r.why and r.idle_seconds == STALL for r in stall.ranks)
 
 
 def test_a_frozen_rank_is_the_culprit_not_the_ranks_waiting_for_it():
@@ -56,8 +56,8 @@ def test_all_alive_at_one_step_names_every_rank():
 
 def test_a_stop_not_obeyed_within_the_grace_period():
     beats = {0: beat(0, 3, 1100.0, 1100.0)}
-    assert stop_ignored(beats, 1, 1109.0, signalled_at=1100.0, grace=10.0, interval=INTERVAL) is None
-    stall = stop_ignored(beats, 1, 1110.0, signalled_at=1100.0, grace=10.0, interval=INTERVAL)
+    assert stop_ignored(beats, 1, 1109.0, 1100.0, 10.0, INTERVAL, LAUNCH) is None
+    stall = stop_ignored(beats, 1, 1110.0, 1100.0, 10.0, INTERVAL, LAUNCH)
     assert "did not stop within 10 s" in stall.why
 
 

@@ -30,7 +30,7 @@ from torch.utils.data import DataLoader, Dataset
 from hpc_train.data.decode import decode_image
 from hpc_train.data.sampler import block_order
 from hpc_train.data.shard_dataset import ShardedImages
-from hpc_train.data.transforms import TrainTransform, ValTransform
+from hpc_train.data.transforms import TrainTransform, ValTransform, sample_rng
 from hpc_train.errors import DataError
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".webp"}
@@ -51,11 +51,11 @@ def list_folder(src: Path) -> tuple[list[Path], list[int]]:
 
 
 class _Decoded(Dataset):
-    """Shared part of the baselines: bytes -> decode (same draft) -> transform."""
+    """Shared part of the baselines: bytes -> decode (same draft) -> transform, with the same
+    per-sample generator as ShardedImages (epoch 0), so every configuration pays for making it."""
 
     def __init__(self, labels: list[int], transform):
         self.labels, self.transform = labels, transform
-        self._rng, self._pid = None, None
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -64,10 +64,8 @@ class _Decoded(Dataset):
         raise NotImplementedError
 
     def __getitem__(self, index: int):
-        if self._pid != os.getpid():
-            self._rng, self._pid = np.random.default_rng(torch.initial_seed()), os.getpid()
         image, _ = decode_image(self._bytes(index), self.transform.draft_size)
-        return self.transform(image, self._rng), self.labels[index]
+        return self.transform(image, sample_rng(0, 0, index)), self.labels[index]
 
 
 class FolderImages(_Decoded):

@@ -17,6 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from hpc_train import events
 from hpc_train.rundir import RunPaths, append_jsonl
 
 _T0 = 1_790_000_000.0
@@ -32,18 +33,23 @@ def make_run(root: Path, ranks: int = 8, metric_lines: int = 10_000, every: int 
     paths.make_dirs()
     total, half = metric_lines * every, metric_lines // 2
     starts = [_T0, _T0 + half + 30]
-    events = [{"time": _T0 - 5, "event": "submitted", "job_id": "42", "executor": "slurm"},
-              {"time": starts[0], "event": "started", "job_id": "42", "restart": 0, "ranks": ranks},
-              {"time": starts[0] + 5, "event": "training_started", "job_id": "42", "restart": 0,
-               "total_steps": total, "steps_per_epoch": total // 10, "world_size": ranks},
-              {"time": starts[0] + half + 6, "event": "requeued", "job_id": "42", "restart": 0,
-               "reason": "SIGUSR2", "by_driver": True},
-              {"time": starts[1], "event": "started", "job_id": "42", "restart": 1, "ranks": ranks},
-              {"time": starts[1] + 5, "event": "resumed", "job_id": "42", "restart": 1,
-               "step": half * every, "from_checkpoint": half * every},
-              {"time": starts[1] + half + 12, "event": "finished", "job_id": "42", "restart": 1,
-               "status": "completed", "reason": "all ranks finished"}]
-    paths.events.write_text("".join(json.dumps(e) + "\n" for e in events))
+    job = {"SLURM_JOB_ID": "42"}
+
+    def at(t: float, event: dict, restart: int) -> dict:
+        return events.stamped(event, environ={**job, "SLURM_RESTART_COUNT": str(restart)}, now=t)
+
+    history = [
+        events.stamped(events.submitted("42", "slurm", "0" * 64), environ={}, now=_T0 - 5),
+        at(starts[0], events.started(["node0"], ranks, None, [], 300.0), 0),
+        at(starts[0] + 5, events.training_started(total_steps=total, steps_per_epoch=total // 10,
+                                                  world_size=ranks), 0),
+        at(starts[0] + half + 6, events.requeued("SIGUSR2", events.CAUSE_STOP, "driver",
+                                                 "scontrol requeue accepted", 75, half + 6.0), 0),
+        at(starts[1], events.started(["node0"], ranks, None, [], 300.0), 1),
+        at(starts[1] + 5, events.resumed(half * every, half * every, [], ranks, []), 1),
+        at(starts[1] + half + 12, events.finished("completed", "all ranks finished", 0, half + 12.0), 1),
+    ]
+    paths.events.write_text("".join(json.dumps(e) + "\n" for e in history))
     metrics, rank0 = [], []
     for i in range(metric_lines):
         t = starts[i >= half] + 10 + i % half + (i >= half) * 0.5
@@ -60,7 +66,10 @@ def make_run(root: Path, ranks: int = 8, metric_lines: int = 10_000, every: int 
         body = rank0 if rank == 0 else []
         paths.rank_log(rank).write_text(lines[0] + "".join(body[:half]) + lines[1] + "".join(body[half:])
                                         + f"{_stamp(starts[1] + half + 11)} rank {rank} done\n")
-        paths.rank_heartbeat(rank).write_text(json.dumps({"step": total, "time": starts[1] + half + 9}))
+        ended = starts[1] + half + 9
+        paths.rank_heartbeat(rank).write_text(json.dumps({
+            "rank": rank, "host": "node0", "pid": 1000 + rank, "step": total, "phase": "saved",
+            "progress": ended, "time": ended}))
     for step in (half * every, total):
         directory = paths.checkpoints / f"step-{step:08d}"
         directory.mkdir()

@@ -9,13 +9,34 @@ Two samplers:
   consecutive samples, then the samples inside each block, so a batch touches few shard regions
   (HDF5 reads and page-cache/readahead stay local). Ranks take their slice of each GLOBAL batch,
   so the position in an epoch is one number, `consumed` (global samples trained), which means the
-  same thing for any world size with the same global batch, and resumes exactly.
+  same thing for any world size with the same global batch, and resumes exactly. It yields
+  `SampleKey(epoch, index)`: the epoch travels with every index, so a dataset draws the sample's
+  augmentation from (seed, epoch, index) alone, even as the copy made once in a persistent worker.
 - `ValidationSampler`: every sample exactly once, contiguous parts that differ by at most one.
 """
 
 from __future__ import annotations
 
+from functools import partial
+from typing import NamedTuple
+
 import numpy as np
+
+
+class SampleKey(NamedTuple):
+    """A training sample as `ResumableBlockSampler` names it: which epoch draws global `index`."""
+
+    epoch: int
+    index: int
+
+
+def as_key(key) -> SampleKey:
+    """What a dataset's `__getitem__` receives, as a SampleKey.
+
+    A plain index (`ValidationSampler`, direct indexing) counts as epoch 0: validation transforms
+    draw nothing, and `ds[g]` stays a pure function of `g`.
+    """
+    return key if isinstance(key, SampleKey) else SampleKey(0, int(key))
 
 
 # -- training: block-shuffled, global-batch slices, resumable ----------------------------------
@@ -51,7 +72,7 @@ def rank_batches(order: np.ndarray, rank: int, world: int, batch_per_rank: int,
 
 
 class ResumableBlockSampler:
-    """Torch sampler (iterable of indices with a length) over `block_order` + `rank_batches`.
+    """Torch sampler (iterable of SampleKeys with a length) over `block_order` + `rank_batches`.
 
     Use with DataLoader(batch_size=batch_per_rank, drop_last=True). Protocol for the trainer:
       sampler.set_epoch(epoch, consumed)   # before iterating; consumed=0 for a fresh epoch
@@ -104,7 +125,7 @@ class ResumableBlockSampler:
     def __iter__(self):
         order = block_order(self.num_samples, self.seed, self.epoch, self.block_size, self.shuffle)
         mine = rank_batches(order, self.rank, self.world, self.batch_per_rank, self.start)
-        return iter(mine.tolist())
+        return map(partial(SampleKey, self.epoch), mine.tolist())
 
     def state_dict(self, consumed: int) -> dict:
         return {"epoch": self.epoch, "consumed": int(consumed), "seed": self.seed,

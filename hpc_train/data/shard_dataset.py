@@ -10,6 +10,10 @@ open per process: ImageNet is ~1250 shards, times workers times ranks would exce
 Locality: `__getitems__` (used by torch's DataLoader for a whole batch when defined) sorts the
 batch by (shard, offset) and reads each run of near offsets with one slice, then restores the
 requested order.
+
+Augmentation: a sample's random stream is `sample_rng(seed, epoch, index)`, the epoch coming with
+the index as a `SampleKey` from the training sampler. Nothing per process (worker seeds, which
+no checkpoint holds) goes in, so a resumed run draws the same crops for the same samples.
 """
 
 from __future__ import annotations
@@ -22,10 +26,11 @@ from pathlib import Path
 
 import h5py
 import numpy as np
-import torch
 from torch.utils.data import Dataset
 
 from hpc_train.data.decode import DECODE_ERRORS, decode_image
+from hpc_train.data.sampler import SampleKey, as_key
+from hpc_train.data.transforms import sample_rng
 from hpc_train.errors import DataError
 
 FORMAT_VERSION = 1
@@ -82,14 +87,17 @@ class _Shard:
 class ShardedImages(Dataset):
     """(image tensor, label) of global index g, from DIR/<split>/shard-*.h5.
 
+    Indexed by a global index or a `SampleKey(epoch, index)` (a plain index is epoch 0).
     transform(image, rng) -> tensor, with image an RGB PIL image (jpeg) or a uint8 HxWx3 array
     (raw), e.g. TrainTransform / ValTransform; None returns the uint8 HxWx3 array itself.
+    rng is `sample_rng(seed, epoch, index)`: `seed` is the run's, so runs with other seeds crop
+    differently.
     `max_gap`: `__getitems__` reads offsets up to this far apart in one slice (records in the
     gaps are read and discarded; 0 reads only exactly consecutive records together).
     """
 
     def __init__(self, root: str | os.PathLike, split: str = "train", transform=None, *,
-                 max_open: int = 64, max_gap: int = 4):
+                 seed: int = 0, max_open: int = 64, max_gap: int = 4):
         self.split_dir = Path(root) / split
         self.manifest = load_manifest(self.split_dir)
         self.encoding = self.manifest["encoding"]
@@ -98,14 +106,13 @@ class ShardedImages(Dataset):
         counts = [int(s["num_samples"]) for s in self.manifest["shards"]]
         self.starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
         self._starts_list = self.starts.tolist()
-        self.transform, self.max_open, self.max_gap = transform, max_open, max_gap
+        self.transform, self.seed, self.max_open, self.max_gap = transform, seed, max_open, max_gap
         self._draft = getattr(transform, "draft_size", None)
         self._reset_process_state()
 
     def _reset_process_state(self) -> None:
         self._pid = None
         self._open: OrderedDict[int, _Shard] = OrderedDict()
-        self._rng = None
 
     def __len__(self) -> int:
         return int(self.starts[-1])
@@ -122,9 +129,8 @@ class ShardedImages(Dataset):
     def _check_process(self) -> None:
         pid = os.getpid()
         if self._pid != pid:
-            # Inherited through fork: forget the parent's handles and RNG without closing them.
+            # Inherited through fork: forget the parent's handles without closing them.
             self._open = OrderedDict()
-            self._rng = None
             self._pid = pid
 
     def _shard(self, k: int) -> _Shard:
@@ -142,17 +148,6 @@ class ShardedImages(Dataset):
             self._open.popitem(last=False)[1].close()
         return shard
 
-    def rng(self) -> np.random.Generator:
-        """This process's augmentation RNG, seeded from torch's per-process seed.
-
-        DataLoader seeds each worker's torch RNG with base_seed + worker_id, base_seed drawn from
-        the main process's torch RNG: workers differ, and a run is reproducible from its seed.
-        """
-        self._check_process()
-        if self._rng is None:
-            self._rng = np.random.default_rng(torch.initial_seed())
-        return self._rng
-
     def close(self) -> None:
         """Close the files this process opened (inherited handles are left to their owner)."""
         if self._pid == os.getpid():
@@ -168,18 +163,20 @@ class ShardedImages(Dataset):
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
-        state.update(_pid=None, _open=OrderedDict(), _rng=None)
+        state.update(_pid=None, _open=OrderedDict())
         return state
 
     # -- reading ------------------------------------------------------------------------------
-    def __getitem__(self, index: int):
-        k, offset = self.locate(int(index))
+    def __getitem__(self, key: int | SampleKey):
+        key = as_key(key)
+        k, offset = self.locate(key.index)
         shard = self._shard(k)
-        return self._sample(shard, k, offset, shard.images[offset])
+        return self._sample(shard, k, offset, shard.images[offset], key)
 
-    def __getitems__(self, indices) -> list:
+    def __getitems__(self, keys) -> list:
         """A batch in the requested order, read in as few h5py calls as locality allows."""
-        located = [self.locate(int(i)) for i in indices]
+        keys = [as_key(key) for key in keys]
+        located = [self.locate(key.index) for key in keys]
         order = sorted(range(len(located)), key=located.__getitem__)
         out: list = [None] * len(located)
         pos = 0
@@ -197,11 +194,11 @@ class ShardedImages(Dataset):
                 for j in range(last - first + 1):
                     records[first + j] = block[j]
             for i, offset in zip(group, offsets.tolist()):
-                out[i] = self._sample(shard, k, offset, records[offset])
+                out[i] = self._sample(shard, k, offset, records[offset], keys[i])
             pos = end
         return out
 
-    def _sample(self, shard: _Shard, k: int, offset: int, record):
+    def _sample(self, shard: _Shard, k: int, offset: int, record, key: SampleKey):
         label = int(shard.labels[offset])
         if self.encoding == "raw":
             image = np.asarray(record)
@@ -219,7 +216,7 @@ class ShardedImages(Dataset):
                               f"{expected[0]}x{expected[1]}")
         if self.transform is None:
             return (image if isinstance(image, np.ndarray) else np.asarray(image)), label
-        return self.transform(image, self.rng()), label
+        return self.transform(image, sample_rng(self.seed, *key)), label
 
     def _corrupt(self, k: int, offset: int, why: str):
         try:

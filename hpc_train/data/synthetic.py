@@ -2,13 +2,16 @@
 
 Random labels on random pixels cannot be learned, so a falling loss would prove nothing; here
 the class pattern is recoverable, so a training run that works shows a loss that goes down.
-Every sample is a pure function of (seed, index): any rank or worker regenerates it alike.
+Every sample is a pure function of (seed, index): any rank or worker regenerates it alike. There
+is no augmentation, so the epoch of a training `SampleKey` changes nothing.
 """
 
 from __future__ import annotations
 
 import torch
 from torch.utils.data import Dataset
+
+from hpc_train.data.sampler import SampleKey, as_key
 
 
 class SyntheticImages(Dataset):
@@ -25,7 +28,8 @@ class SyntheticImages(Dataset):
     def __len__(self) -> int:
         return self.num_samples
 
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+    def __getitem__(self, key: int | SampleKey) -> tuple[torch.Tensor, int]:
+        index = as_key(key).index
         if not 0 <= index < self.num_samples:
             raise IndexError(f"sample {index} outside 0..{self.num_samples - 1}")
         gen = torch.Generator().manual_seed(self.seed * 1_000_003 + self.first_index + index + 1)

@@ -4,7 +4,8 @@ Tokens are bytes (vocabulary 256), so any UTF-8 text is data and no tokenizer sh
 Layout (`python -m hpc_train data tokenize`): DIR/<split>/tokens-NNNNN.h5 each holding a 1-D
 uint8 dataset `tokens`, and DIR/<split>/manifest.json {"kind": "tokens", "vocab": 256,
 "shards": [{"file", "tokens", "sha256"}]}. A sample is a window of seq_len + 1 tokens
-(input = first seq_len, target = last seq_len); windows never cross a shard.
+(input = first seq_len, target = last seq_len); windows never cross a shard. Windows are read
+as they are (no augmentation): the epoch of a training `SampleKey` changes nothing.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from hpc_train.data.sampler import SampleKey, as_key
 from hpc_train.errors import DataError
 
 VOCAB = 256
@@ -55,8 +57,8 @@ class TokenWindows(Dataset):
     def __len__(self) -> int:
         return (len(self.tokens) - 1) // self.seq_len
 
-    def __getitem__(self, index: int):
-        start = index * self.seq_len
+    def __getitem__(self, key: int | SampleKey):
+        start = as_key(key).index * self.seq_len
         window = torch.from_numpy(self.tokens[start:start + self.seq_len + 1].astype(np.int64))
         return window[:-1], window[1:]
 
@@ -126,7 +128,8 @@ class TokenShards(Dataset):
                 raise DataError(f"{self.files[k]}: cannot read token shard: {exc}") from None
         return self._open[k]
 
-    def __getitem__(self, index: int):
+    def __getitem__(self, key: int | SampleKey):
+        index = as_key(key).index
         if not 0 <= index < len(self):
             raise IndexError(f"window {index} outside 0..{len(self) - 1} of {self.split_dir}")
         k = bisect.bisect_right(self.starts, index) - 1

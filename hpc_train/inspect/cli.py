@@ -34,10 +34,11 @@ def find_run(target: str, root: Path) -> Path:
             raise InspectError(f"{path}: not a run directory (no spec.yaml, no events.jsonl)")
         return path.resolve()
     if _JOB_ID.fullmatch(target) and root.is_dir():
+        from hpc_train import events
         from hpc_train.rundir import read_jsonl
 
         for candidate in run_dirs(root):
-            if any(e.get("job_id") == target for e in read_jsonl(candidate / "events.jsonl")):
+            if events.has_job(read_jsonl(candidate / "events.jsonl"), target):
                 return candidate.resolve()
         raise InspectError(f"job {target}: no run under {root} has it (try --root)")
     raise InspectError(f"{target}: neither a run directory nor a job id")
@@ -52,25 +53,27 @@ def _tail_lines(path: Path) -> list[str]:
 def build_status(run_dir: Path, slurm: bool = True, baseline: float | None = None,
                  stall_minutes: float = 10.0):
     """One run's RunStatus, with Slurm's live state and a diagnosis when it failed or stalls."""
+    from hpc_train import events as ev
     from hpc_train.inspect import diagnose, logs, runstate, signatures, slurm_state
     from hpc_train.rundir import RunPaths, read_jsonl
 
     paths = RunPaths(run_dir)
-    events = read_jsonl(paths.events)
-    submitted = [e for e in events if e.get("event") in ("submitted", "resubmitted")]
+    events = ev.read(paths)
+    submission = ev.last_submission(events)
     live = None
-    if slurm and submitted and submitted[-1].get("executor", "slurm") == "slurm":
-        live = slurm_state.query(submitted[-1]["job_id"])
+    if slurm and submission and submission[1] == "slurm":
+        live = slurm_state.query(submission[0])
     waiting = []
-    if (live.state if live else runstate.state_from_events(events)) == "RUNNING":
+    if (live.state if live else ev.state(events)) == "RUNNING":
         for path in logs.rank_logs(paths).values():
             waiting += signatures.missing_ranks(_tail_lines(path))
+    now = time.time()
     status = runstate.summarize(
-        paths, events, read_jsonl(paths.metrics), runstate.read_beats(paths),
-        runstate.latest_checkpoint(paths), time.time(), live, runstate.read_spec(paths),
+        paths, events, read_jsonl(paths.metrics), runstate.read_beats(paths, ev.start_time(events)),
+        runstate.latest_checkpoint(paths), now, live, runstate.read_spec(paths),
         baseline, stall_minutes * 60, waiting)
     if status.state in _FAILED or status.state == "STOPPED" or not status.health.ok:
-        status.diagnosis = diagnose.diagnose(paths, slurm=live).to_json()
+        status.diagnosis = diagnose.diagnose(paths, slurm=live, now=now).to_json()
     return status
 
 
@@ -126,11 +129,12 @@ def _logs(args: argparse.Namespace) -> int:
 
 
 def _diagnose(args: argparse.Namespace) -> int:
+    from hpc_train import events
     from hpc_train.inspect import diagnose, render, slurm_state
-    from hpc_train.rundir import RunPaths, read_jsonl
+    from hpc_train.rundir import RunPaths
 
     paths = RunPaths(find_run(args.run_dir, Path(args.root)))
-    job_ids = [e["job_id"] for e in read_jsonl(paths.events) if e.get("event") in ("submitted", "resubmitted")]
+    job_ids = events.job_ids(events.read(paths))
     slurm = slurm_state.query(job_ids[-1]) if args.slurm and job_ids and args.run is None else None
     result = diagnose.diagnose(paths, args.run, slurm)
     if args.json:

@@ -1,21 +1,29 @@
-"""Is a running job making progress? Pure functions of the heartbeats and the clock.
+"""Is a running job making progress, and which ranks hold it? Pure functions of the heartbeats
+and the clock, by the driver's own rules (job/watchdog.py), so `status`, `diagnose` and the
+driver name the same ranks.
 
-Each rank rewrites heartbeat/rank-N ({"step", "time", "pid"}) at every logged step. A rank whose
-step is behind the others', or whose heartbeat went quiet while others' are fresh, is stalled;
-no fresh heartbeat and no metric line for `stall_seconds` means the whole run made no progress.
+Each rank's heartbeat thread rewrites heartbeat/rank-N every few seconds (runtime/heartbeat.py)
+with `progress` (when the rank last moved) and `time` (when it was last alive). While the run is
+RUNNING:
+  - a rank whose beat has not been rewritten for `watchdog.silent_after(beat_interval)` is frozen
+    (SIGSTOP, a dead node, a process holding the GIL): shown at once, for as long as it lasts;
+  - when no rank has progressed for half of launch.stall_seconds (when a stuck rank dumps its
+    stacks to its log), the ranks behind the others, or every rank if none is behind;
+the ranks named are `watchdog.culprits`' (frozen or missing, else behind, else all). Ranks that
+Horovod's stall inspector lists as missing at a collective are added. The driver itself tears
+the ranks down after a whole launch.stall_seconds without progress.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
-LAG_GRACE = 10.0   # seconds between a lagging rank's beat and the leaders'
+from hpc_train.job.watchdog import StalledRank, culprits, silent_after
+from hpc_train.runtime.heartbeat import Beat, beat_interval
 
+DEFAULT_STALL_SECONDS = 300.0   # launch.stall_seconds' default: for runs that did not record it
 
-@dataclass(frozen=True)
-class Beat:
-    step: int
-    time: float
+__all__ = ["DEFAULT_STALL_SECONDS", "Beat", "Health", "assess", "describe", "stalled_now"]
 
 
 @dataclass
@@ -23,33 +31,55 @@ class Health:
     ok: bool
     message: str
     stalled_ranks: list[int] = field(default_factory=list)
-    idle_seconds: float | None = None     # since the newest heartbeat or metric line
+    idle_seconds: float | None = None     # since the newest progress of a rank, or metric line
+    stalled: list[dict] = field(default_factory=list)   # rank, host, pid, step, phase, idle_seconds, why
+
+
+def stalled_now(beats: dict[int, Beat], world_size: int | None, launched: float, now: float,
+                stall_seconds: float) -> tuple[StalledRank, ...]:
+    """The ranks holding a running job now; () while it progresses. launched: when the current
+    run started (a rank that never beat counts from then)."""
+    interval = beat_interval(stall_seconds)
+    world = world_size or (max(beats) + 1 if beats else 0)
+    if not world:
+        return ()
+    frozen = any(now - b.time >= silent_after(interval) for b in beats.values())
+    newest = max([b.progress for b in beats.values()] + [launched])
+    if not frozen and now - newest < stall_seconds / 2:
+        return ()
+    return culprits(beats, world, now, interval, launched)
+
+
+def describe(rank: StalledRank) -> str:
+    """"1 on vm pid 4242 at step 36 (train), 45 s without progress: <why>"."""
+    where = f" on {rank.host}" if rank.host else ""
+    pid = f" pid {rank.pid}" if rank.pid else ""
+    at = f" at step {rank.step} ({rank.phase})" if rank.step is not None else ""
+    return f"{rank.rank}{where}{pid}{at}, {rank.idle_seconds:.0f} s without progress: {rank.why}"
 
 
 def assess(beats: dict[int, Beat], last_metric_time: float | None, now: float, running: bool,
-           stall_seconds: float, waiting_ranks: list[int] | None = None) -> Health:
-    """waiting_ranks: ranks a collective library reported missing (Horovod's stall warning)."""
-    times = [b.time for b in beats.values()] + ([last_metric_time] if last_metric_time else [])
+           quiet_seconds: float, waiting_ranks: list[int] | None = None, *,
+           world_size: int | None = None, launched: float = 0.0,
+           stall_seconds: float = DEFAULT_STALL_SECONDS) -> Health:
+    """beats: this run's (written since `launched`); quiet_seconds: no progress and no metric
+    line for this long is "no progress" (status --stall-minutes); waiting_ranks: ranks a
+    collective library reported missing (Horovod's stall warning)."""
+    times = [b.progress for b in beats.values()] + ([last_metric_time] if last_metric_time else [])
     idle = now - max(times) if times else None
     if not running:
         return Health(True, "not running", [], idle)
-    stalled = set(waiting_ranks or [])
-    if beats:
-        # Behind: a lower step, written well before the leaders' beat (ranks that all passed
-        # the same logged step write within milliseconds of each other).
-        top = max(b.step for b in beats.values())
-        top_time = max(b.time for b in beats.values() if b.step == top)
-        stalled |= {r for r, b in beats.items() if b.step < top and top_time - b.time > LAG_GRACE}
-        fresh = [r for r, b in beats.items() if now - b.time < stall_seconds]
-        if fresh:
-            stalled |= {r for r, b in beats.items() if now - b.time >= stall_seconds}
-    parts = []
-    if stalled:
-        ranks = sorted(stalled)
-        detail = ", ".join(f"{r} (step {beats[r].step})" if r in beats else str(r) for r in ranks)
-        parts.append(f"stalled rank(s): {detail}; the others wait at a collective")
-    if idle is not None and idle >= stall_seconds:
-        parts.append(f"no progress for {idle / 60:.1f} min")
-    if not parts:
+    held = stalled_now(beats, world_size, launched, now, stall_seconds)
+    named = {r.rank for r in held}
+    waiting = sorted(set(waiting_ranks or []) - named)
+    parts = [describe(r) for r in held]
+    parts += [f"{r} (Horovod lists it missing at a collective)" for r in waiting]
+    message = []
+    if parts:
+        message.append(f"stalled rank(s): {'; '.join(parts)}")
+    if idle is not None and idle >= quiet_seconds:
+        message.append(f"no progress for {idle / 60:.1f} min")
+    if not message:
         return Health(True, "ok", [], idle)
-    return Health(False, "; ".join(parts), sorted(stalled), idle)
+    return Health(False, "; ".join(message), sorted(named | set(waiting)), idle,
+                  [{k: v for k, v in asdict(r).items() if k != "state"} for r in held])

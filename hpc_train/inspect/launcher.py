@@ -14,6 +14,10 @@ Open MPI writes one of two reports to the driver's stderr, which submitit or slu
 Open MPI 5 should say "prterun" and name a process [prterun-host-123@1,1]; both forms parse
 (only Open MPI 4.1 was run here: tests/test_inspect_launcher.py holds its real output).
 Pure functions of text.
+
+Ranks that stop on purpose (a stop agreed and saved: time limit, USR2, a deadline) exit with
+STOP_EXIT (75), which mpirun reports like any non-zero status: such a report is a stop, not a
+failure (`RankExit.stopped`).
 """
 
 from __future__ import annotations
@@ -23,6 +27,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from hpc_train.inspect.logparse import stamp_time
+from hpc_train.runtime.stop import STOP_EXIT
+
+STOPPED_ON_PURPOSE = f"exit code {STOP_EXIT}"
 
 _SIGNAL = re.compile(r"\b(?:mpirun|prterun) noticed that process rank (\d+) with PID \d+ on node (\S+) "
                      r"exited on signal (\d+)(?: \(([^)]*)\))?")
@@ -38,6 +45,11 @@ class RankExit:
     source: str              # the driver log's file name
     line: str
     started: float | None    # when the driver started these ranks (its log line), if it said
+
+    @property
+    def stopped(self) -> bool:
+        """The rank exited with STOP_EXIT: it saved and stopped on purpose."""
+        return self.how == STOPPED_ON_PURPOSE
 
 
 def rank_exits(lines: Iterable[tuple[str, str]]) -> list[RankExit]:
@@ -66,6 +78,9 @@ def rank_exits(lines: Iterable[tuple[str, str]]) -> list[RankExit]:
 
 def exit_hint(how: str) -> str:
     """What a rank that died this way without a traceback usually means, and where to look."""
+    if how == STOPPED_ON_PURPOSE:
+        return (f"exit code {STOP_EXIT} is STOP_EXIT: the ranks agreed on a stop (time limit, "
+                "SIGUSR2, deadline), saved a checkpoint and exited on purpose; not a failure")
     if how.startswith("signal 9 "):
         return ("SIGKILL: most often the kernel's OOM killer or Slurm's memory limit (sacct -j JOB "
                 "-o MaxRSS,ReqMem,State; dmesg on the node); raise slurm.mem or lower data.workers / "

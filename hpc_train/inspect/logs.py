@@ -14,9 +14,10 @@ import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+from hpc_train import events
 from hpc_train.errors import InspectError
 from hpc_train.inspect.logparse import Line, run_index, timed_lines
-from hpc_train.rundir import RunPaths, read_jsonl
+from hpc_train.rundir import RunPaths
 
 _RANK_FILE = re.compile(r"rank-(\d+)\.log")
 
@@ -28,11 +29,6 @@ def rank_logs(paths: RunPaths) -> dict[int, Path]:
             if match := _RANK_FILE.fullmatch(path.name):
                 found[int(match.group(1))] = path
     return dict(sorted(found.items()))
-
-
-def run_starts(events: list[dict]) -> list[float]:
-    """Times of the `started` events: run K (0-based) begins at starts[K]."""
-    return sorted(e["time"] for e in events if e.get("event") == "started")
 
 
 def resolve_run(run: int | None, starts: list[float]) -> int | None:
@@ -74,7 +70,7 @@ def select(paths: RunPaths, ranks: list[int] | None, run: int | None,
     missing = [r for r in chosen if r not in files]
     if missing:
         raise InspectError(f"no log for rank(s) {missing}; ranks with logs: {sorted(files)}")
-    starts = run_starts(read_jsonl(paths.events))
+    starts = events.run_starts(events.read(paths))
     index = resolve_run(run, starts)
     streams = [in_run(read_rank(files[r], r), starts, index) for r in chosen]
     lines = streams[0] if len(streams) == 1 else merged(streams)

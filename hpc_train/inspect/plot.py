@@ -4,13 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from hpc_train import events as ev
 from hpc_train.inspect.runstate import THROUGHPUT_FIELDS
 from hpc_train.rundir import RunPaths, read_jsonl
-
-
-def restart_steps(events: list[dict]) -> list[int]:
-    """Steps at which a later run resumed (requeue or resume): where the plots get a line."""
-    return [e["step"] for e in events if e.get("event") == "resumed" and "step" in e]
 
 
 def build_figure(metrics: list[dict], events: list[dict], title: str):
@@ -35,7 +31,7 @@ def build_figure(metrics: list[dict], events: list[dict], title: str):
             points = [(m["step"], m[key]) for m in rows if isinstance(m.get(key), (int, float))]
             if points:
                 ax.plot(*zip(*points), marker="." if name == "val" else None, label=name)
-        for step in restart_steps(events):
+        for step in ev.resumed_steps(events):   # a later run resumed (requeue or resume)
             ax.axvline(step, color="grey", linestyle="--", linewidth=0.8)
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
@@ -47,6 +43,6 @@ def build_figure(metrics: list[dict], events: list[dict], title: str):
 
 
 def plot_run(paths: RunPaths, output: Path):
-    figure = build_figure(read_jsonl(paths.metrics), read_jsonl(paths.events), paths.root.name)
+    figure = build_figure(read_jsonl(paths.metrics), ev.read(paths), paths.root.name)
     figure.savefig(output, dpi=100)
     return figure

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 
 from hpc_train.inspect.diagnose import Diagnosis
+from hpc_train.inspect.launcher import STOPPED_ON_PURPOSE
 from hpc_train.inspect.runstate import RunStatus
 
 _STATE_STYLE = {"RUNNING": "green", "COMPLETED": "bold green", "PENDING": "yellow",
@@ -45,6 +46,10 @@ def status_rows(s: RunStatus) -> list[tuple[str, str]]:
     if s.efficiency is not None:
         rows.append(("scaling", f"{s.efficiency:.0%} of {s.world_size} x the baseline per rank"))
     rows += [("eta", duration(s.eta_seconds)), ("checkpoint", ckpt), ("health", s.health.message)]
+    if s.diagnosis and (stop := s.diagnosis.get("stop")):
+        rows.append(("stopped", stop_words(stop)))
+    if s.diagnosis and (stall := s.diagnosis.get("stall")) and stall.get("source") == "driver":
+        rows.append(("stall", f"{stall['why']}: rank(s) {[r.get('rank') for r in stall['ranks']]}"))
     if s.diagnosis and (failure := s.diagnosis.get("first_failure")):
         rows.append(("failure", f"rank {failure['rank']}: {failure['exception']}"))
     for sig in (s.diagnosis or {}).get("signatures", []):
@@ -96,8 +101,43 @@ def print_runs(statuses: list[RunStatus], out=None) -> None:
     console.print(table)
 
 
+def stop_words(stop: dict) -> str:
+    """"SIGUSR2 at step 40 (saved); then requeued (cause stop, by driver)": a stop, no failure."""
+    what = stop.get("reason") or "a stop"
+    if stop.get("step") is not None:
+        what += f" at step {stop['step']} (checkpoint saved)"
+    words = f"on purpose: {what}; then {stop.get('ending')}"
+    return words + (f": {stop['detail']}" if stop.get("detail") else "")
+
+
+def _stall_lines(stall: dict) -> list[str]:
+    if stall["source"] == "driver":
+        lines = [f"stalled: {stall['why']} (the driver's watchdog; idle {duration(stall.get('idle_seconds'))})"]
+    else:
+        lines = [f"stalled now (from the heartbeats, the run is still running): {stall['why']}"]
+    for rank in stall["ranks"]:
+        state = f", process state {rank['state']}" if rank.get("state") else ""
+        lines.append(f"  rank {rank.get('rank')} on {rank.get('host') or '?'} pid {rank.get('pid') or '?'}"
+                     f" at step {rank.get('step')} (phase {rank.get('phase') or '?'}){state}, "
+                     f"{duration(rank.get('idle_seconds'))} without progress: {rank.get('why')}")
+        if rank.get("stacks"):
+            lines.append(f"  its stacks (the last dump in rank {rank.get('rank')}'s log of this run):")
+            lines += ["    " + text for text in rank["stacks"].splitlines()]
+        else:
+            lines.append("  no stack dump in its log (a frozen or stopped process cannot write one;"
+                         " a stuck one writes it after half of launch.stall_seconds)")
+    if stall.get("ending"):
+        lines.append(f"then: {stall['ending']}" + (f" ({stall['detail']})" if stall.get("detail") else ""))
+    return lines + [""]
+
+
 def diagnosis_text(d: Diagnosis) -> str:
     lines = [f"run {d.run} of runs 0..{d.runs - 1} (--run K picks another)"]
+    if d.stop:
+        lines.append(f"stopped {stop_words(d.stop)}")
+        lines.append("this is not a failure: the ranks saved and exited on purpose")
+    if d.stall:
+        lines += _stall_lines(d.stall)
     if d.first_failure:
         f = d.first_failure
         how = ("first traceback by time in the rank logs" if d.found_by == "traceback" else
@@ -115,16 +155,23 @@ def diagnosis_text(d: Diagnosis) -> str:
         if d.found_by == "mpirun":
             lines.append(f"the last lines of rank {f.rank}'s log:")
         lines += [f.traceback, ""]
-    else:
+    elif not d.stop and not d.stall:
         lines.append("no traceback in the rank logs")
     if d.launcher and d.found_by != "mpirun":
-        lines.append(f"mpirun: rank {d.launcher['rank']} ended first, {d.launcher['how']} "
+        why = ""
+        if d.launcher["how"] == STOPPED_ON_PURPOSE:
+            why = " = STOP_EXIT, stopped on purpose"
+        elif d.stall and d.stall["source"] == "driver":
+            why = ", in the driver's teardown of the stalled ranks"
+        lines.append(f"mpirun: rank {d.launcher['rank']} ended first, {d.launcher['how']}{why} "
                      f"({d.launcher['source']})")
-    if d.stalled_ranks:
+    if d.stalled_ranks and not d.stall:
         lines.append(f"stalled rank(s) {d.stalled_ranks}: the others waited for them at a collective")
     for sig in d.signatures:
         lines.append(f"* {sig['title']} [{sig['id']}]  ({sig['source']}: {sig['line'][:160]})")
+        if sig.get("file"):
+            lines.append(f"  file: {sig['file']}")
         lines.append(f"  fix: {sig['fix']}")
-    if not d.signatures and not d.first_failure and not d.stalled_ranks:
+    if not (d.signatures or d.first_failure or d.stalled_ranks or d.stop or d.stall):
         lines.append("no known failure signature found")
     return "\n".join(lines)

@@ -6,23 +6,21 @@ state, when given, only replaces the state the events imply.
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from hpc_train import events as ev
 from hpc_train.checkpoint.layout import MARKER, list_complete, step_dir_name
-from hpc_train.inspect.health import Beat, Health, assess
+from hpc_train.inspect.health import DEFAULT_STALL_SECONDS, Beat, Health, assess
 from hpc_train.inspect.slurm_state import SlurmInfo
 from hpc_train.rundir import RunPaths, read_jsonl
+from hpc_train.runtime import heartbeat
 
 # Throughput fields a trainer may log, with their unit (pipeline runs log samples or tokens).
 THROUGHPUT_FIELDS = (("images_per_s", "images/s"), ("samples_per_s", "samples/s"),
                      ("tokens_per_s", "tokens/s"))
 RATE_WINDOW = 10          # metric lines of the current run that set the recent step rate
-_EVENT_STATES = {"submitted": "PENDING", "resubmitted": "PENDING", "started": "RUNNING",
-                 "requeued": "PENDING", "submit_failed": "FAILED"}
-_FINISHED_STATES = {"completed": "COMPLETED", "failed": "FAILED", "stopped": "STOPPED"}
 
 
 @dataclass
@@ -62,17 +60,6 @@ class RunStatus:
         return asdict(self)
 
 
-def state_from_events(events: list[dict]) -> str:
-    state = "UNKNOWN"
-    for event in events:
-        name = event.get("event")
-        if name == "finished":
-            state = _FINISHED_STATES.get(event.get("status"), "FAILED")
-        elif name in _EVENT_STATES:
-            state = _EVENT_STATES[name]
-    return state
-
-
 def throughput(train: list[dict]) -> Throughput | None:
     for name, unit in THROUGHPUT_FIELDS:
         values = [m[name] for m in train if isinstance(m.get(name), (int, float))]
@@ -93,12 +80,11 @@ def step_rate(train: list[dict], since: float) -> float | None:
 
 def total_steps(events: list[dict], spec: dict | None) -> int | None:
     """From `training_started`; a later accepted spec change (more epochs) recomputes it."""
-    started = [e for e in events if e.get("event") == "training_started"]
-    if not started:
+    started = ev.training_start(events)
+    if started is None:
         return None
-    total, per_epoch = started[-1].get("total_steps"), started[-1].get("steps_per_epoch")
-    changed = any(e.get("event") == "spec_change_allowed" and e["time"] > started[-1]["time"]
-                  for e in events)
+    total, per_epoch = started.get("total_steps"), started.get("steps_per_epoch")
+    changed = ev.spec_changed_after(events, started["time"])
     optim = (spec or {}).get("optim") or {}
     if changed and per_epoch and isinstance(optim.get("epochs"), int):
         total = per_epoch * optim["epochs"]
@@ -111,18 +97,23 @@ def summarize(paths: RunPaths, events: list[dict], metrics: list[dict], beats: d
               checkpoint: tuple[int, float] | None, now: float, slurm: SlurmInfo | None = None,
               spec: dict | None = None, baseline_per_rank: float | None = None,
               stall_seconds: float = 600, waiting_ranks: list[int] | None = None) -> RunStatus:
-    """Pure: the files' contents (and the clock) -> the status of one run."""
+    """Pure: the files' contents (and the clock) -> the status of one run.
+
+    beats: the current run's heartbeats (`read_beats` since its start); stall_seconds: no
+    progress and no metric line for this long reads "no progress" (status --stall-minutes).
+    Stalled ranks follow the run's own launch.stall_seconds (its `started` event)."""
     train = [m for m in metrics if m.get("split") is None and "step" in m]
     val = [m for m in metrics if m.get("split") == "val"]
     last = train[-1] if train else {}
-    starts = [e for e in events if e.get("event") == "started"]
-    submitted = [e for e in events if e.get("event") in ("submitted", "resubmitted") and e.get("job_id")]
-    state = slurm.state if slurm else state_from_events(events)
+    submission = ev.last_submission(events)
+    state = slurm.state if slurm else ev.state(events)
     running = state == "RUNNING"
-    requeued = [e for e in events if e.get("event") == "requeued"]
-    restarts = max([e.get("restart", 0) for e in starts] or [0])
-    world = starts[-1].get("ranks") if starts else None
-    rate = step_rate(train, starts[-1]["time"] if starts else 0.0)
+    requeued = ev.requeues(events)
+    world = ev.world_size(events)
+    launched = ev.start_time(events)
+    # Slurm may show RUNNING before the driver's next `started` (after a requeue): no ranks then.
+    ended = ev.ending(ev.in_window(events, launched, float("inf"))) is not None
+    rate = step_rate(train, launched)
     total = total_steps(events, spec)
     flow = throughput(train)
     eta = None
@@ -133,28 +124,24 @@ def summarize(paths: RunPaths, events: list[dict], metrics: list[dict], beats: d
         efficiency = flow.mean / (baseline_per_rank * world)
     return RunStatus(
         name=paths.root.name, run_dir=str(paths.root),
-        job_id=submitted[-1]["job_id"] if submitted else None,
+        job_id=submission[0] if submission else None,
         state=state, state_source=slurm.source if slurm else "events",
-        requeues=max(len(requeued), restarts), requeue_reasons=[e.get("reason", "?") for e in requeued],
+        requeues=max(len(requeued), ev.restarts(events)), requeue_reasons=ev.requeue_reasons(events),
         step=last.get("step"), total_steps=total, epoch=last.get("epoch"), loss=last.get("loss"),
         accuracy=val[-1].get("accuracy") if val else None, lr=last.get("lr"), throughput=flow,
         efficiency=efficiency, world_size=world, eta_seconds=eta,
         checkpoint_step=checkpoint[0] if checkpoint else None,
         checkpoint_age_seconds=now - checkpoint[1] if checkpoint else None,
-        health=assess(beats, last.get("time"), now, running, stall_seconds, waiting_ranks),
+        health=assess(beats, last.get("time"), now, running and not ended, stall_seconds, waiting_ranks,
+                      world_size=world, launched=launched,
+                      stall_seconds=ev.stall_seconds(events, DEFAULT_STALL_SECONDS)),
         updated=now)
 
 
-def read_beats(paths: RunPaths) -> dict[int, Beat]:
-    beats = {}
-    if paths.heartbeat.is_dir():
-        for path in paths.heartbeat.glob("rank-*"):
-            try:
-                record = json.loads(path.read_text())
-                beats[int(path.name.split("-")[1])] = Beat(int(record["step"]), float(record["time"]))
-            except (OSError, ValueError, KeyError, IndexError):
-                continue      # a heartbeat being replaced, or a stray .tmp
-    return beats
+def read_beats(paths: RunPaths, since: float = 0.0) -> dict[int, Beat]:
+    """The ranks' heartbeats written at or after `since` (the current run's start: older beats
+    are an earlier run's); files being replaced, stray .tmp files and other formats are skipped."""
+    return heartbeat.read_beats(paths.heartbeat, since)
 
 
 def latest_checkpoint(paths: RunPaths) -> tuple[int, float] | None:
@@ -180,6 +167,5 @@ def baseline_per_rank(run_dir: str | Path) -> float | None:
     paths = RunPaths(Path(run_dir))
     train = [m for m in read_jsonl(paths.metrics) if m.get("split") is None]
     flow = throughput(train)
-    starts = [e for e in read_jsonl(paths.events) if e.get("event") == "started"]
-    world = starts[-1].get("ranks") if starts else 1
+    world = ev.world_size(ev.read(paths))
     return flow.mean / (world or 1) if flow else None

@@ -1,9 +1,11 @@
 """Known failure signatures: a table of pure data and a pure matcher over log lines.
 
 Each signature names what went wrong and the fix. Patterns are matched line by line against
-rank logs, the driver's output (submitit logs, slurm-*.out) and a `sacct: State=...` line.
-Order matters only for display: the matcher reports every signature that matched, first
-occurrence each.
+rank logs, the driver's output (submitit logs, slurm-*.out), the errors of `checkpoint_skipped`
+events and a `sacct: State=...` line. A traceback's source line (the one under `File "...",
+line N`) is code, not a message, and is never matched. Order matters only for display: the
+matcher reports every signature that matched, first occurrence each. A signature with a `file`
+pattern also names the file its line is about (the shard of a corrupt_shard).
 """
 
 from __future__ import annotations
@@ -19,6 +21,21 @@ class Signature:
     title: str
     patterns: tuple[str, ...]
     fix: str
+    file: str | None = None       # a regex whose group 1 is the file the matched line names
+
+
+# A stall: what the driver did, and where to look. diagnose words the first part after what the
+# run's events say really happened (requeued, or ended for good); the table's entry matches the
+# driver's own log line when the event is missing.
+STALL_DONE = ("the driver tore the ranks down and requeued (counts toward "
+              "checkpoint.retries_on_failure)")
+STALL_LIVE = ("the driver's watchdog tears the ranks down after launch.stall_seconds without "
+              "progress and requeues (counts toward checkpoint.retries_on_failure)")
+STALL_ADVICE = ("the stalled rank's stacks and process state tell where it hung: a deadlock, slow "
+                "or hung I/O, a collective waiting for a dead peer; state T (stopped) = stopped "
+                "from outside (SIGSTOP, a debugger), D = stuck in the kernel (a file system). If a "
+                "step, an evaluation or a save legitimately takes that long, raise "
+                "launch.stall_seconds")
 
 
 SIGNATURES: tuple[Signature, ...] = (
@@ -41,6 +58,9 @@ SIGNATURES: tuple[Signature, ...] = (
               (r"Connection closed by peer", r"Connection reset by peer"),
               "a consequence: another rank died first. Look at the first failed rank, or a rank "
               "whose log ends without a traceback (killed, os._exit, OOM killer)"),
+    Signature("rank_stalled", "a rank stopped progressing",
+              (r"driver ERROR watchdog: .*; stalled: rank",),
+              f"{STALL_DONE}; {STALL_ADVICE}"),
     Signature("stalled_collective", "ranks waiting at a collective for a stalled rank",
               (r"waiting for remainder of ranks", r"^Missing ranks:"),
               "the missing ranks are stuck outside the collective (slow I/O, a hang, a deadlock); "
@@ -72,15 +92,26 @@ SIGNATURES: tuple[Signature, ...] = (
     Signature("corrupt_shard", "corrupt or unreadable data shard",
               (r"cannot open as a shard", r"DataError: .* is unreadable",
                r"record \d+ \(global index \d+, key", r"cannot read token shard",
-               r"the shard is truncated"),
-              "python -m hpc_train data verify the shard directory, then re-convert the bad shard"),
+               r"the shard is truncated", r"DataError: \S+: tokens \d+\.\.\d+: "),
+              "python -m hpc_train data verify the shard directory, then re-convert the bad shard "
+              "(a truncated file: an interrupted copy or conversion, or a full disk when it was "
+              "written)",
+              file=r"([^\s:'\"()]+\.(?:h5|hdf5|json))\b"),
+    Signature("disk_full", "disk full (ENOSPC)",
+              (r"\[Errno 28\]", r"No space left on device", r"\bENOSPC\b"),
+              "free space on the file system of run.root (checkpoints, logs), lower "
+              "checkpoint.keep_last so fewer checkpoints are kept, or put run.root on another "
+              "file system (python -m hpc_train resume RUN_DIR continues from the last complete "
+              "checkpoint)"),
     Signature("spec_mismatch", "spec changed since the checkpoint",
               (r"the run's spec changed since its checkpoint",),
               "python -m hpc_train resume RUN_DIR --allow-spec-change to accept, or restore spec.yaml"),
 )
 
+BY_ID = {sig.id: sig for sig in SIGNATURES}
 _COMPILED = tuple((sig, tuple(re.compile(p) for p in sig.patterns)) for sig in SIGNATURES)
 _MISSING_RANK = re.compile(r"^\s*(\d+): \[")
+_FRAME = re.compile(r'^\s+File ".*", line \d+')     # a traceback frame; the next line is code
 
 
 @dataclass(frozen=True)
@@ -89,16 +120,27 @@ class Match:
     source: str        # where the line is: a log file name, or "sacct"
     line: str
 
+    @property
+    def file(self) -> str | None:
+        """The file the line names, for signatures that say which (a shard), else None."""
+        if self.signature.file is None:
+            return None
+        found = re.search(self.signature.file, self.line)
+        return found.group(1) if found else None
+
 
 def match_signatures(lines: Iterable[tuple[str, str]]) -> list[Match]:
     """(source, line) pairs -> the first match of each signature, in the order they occurred."""
     found: dict[str, Match] = {}
+    frame_in = None               # the source whose last line was a traceback frame
     for source, line in lines:
-        for sig, patterns in _COMPILED:
-            if sig.id not in found and any(p.search(line) for p in patterns):
-                found[sig.id] = Match(sig, source, line.strip())
-        if len(found) == len(_COMPILED):
-            break
+        if frame_in != source:    # not the code line under a frame
+            for sig, patterns in _COMPILED:
+                if sig.id not in found and any(p.search(line) for p in patterns):
+                    found[sig.id] = Match(sig, source, line.strip())
+            if len(found) == len(_COMPILED):
+                break
+        frame_in = source if _FRAME.match(line) else None
     return list(found.values())
 
 

@@ -136,7 +136,7 @@ class _Watch:
         beats = watchdog.read_beats(self.paths.heartbeat, since=self.launched)
         if forwarder.at is not None:
             found = watchdog.stop_ignored(beats, self.world_size, now, forwarder.at, self.grace,
-                                          self.interval)
+                                          self.interval, self.launched)
             if found:
                 return found
         return watchdog.find_stall(beats, self.world_size, self.launched, now, self.stall_seconds,

@@ -10,20 +10,14 @@ one that is stuck, so nobody progresses). The ranks named are, in order of evide
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+# The heartbeat format's reader lives next to its writer; re-exported for the driver.
+from hpc_train.runtime.heartbeat import Beat, parse_beat, read_beats
 
-@dataclass(frozen=True)
-class Beat:
-    rank: int
-    step: int
-    phase: str
-    progress: float      # when the rank last progressed
-    time: float          # when the beat was written (the rank was alive)
-    pid: int | None = None
-    host: str | None = None
+__all__ = ["Beat", "Stall", "StalledRank", "culprits", "find_stall", "parse_beat",
+           "process_state", "read_beats", "silent_after", "stop_ignored"]
 
 
 @dataclass(frozen=True)
@@ -48,30 +42,6 @@ class Stall:
         return [asdict(r) for r in self.ranks]
 
 
-def parse_beat(text: str) -> Beat | None:
-    try:
-        record = json.loads(text)
-        return Beat(int(record["rank"]), int(record["step"]), str(record.get("phase", "?")),
-                    float(record["progress"]), float(record["time"]), record.get("pid"),
-                    record.get("host"))
-    except (ValueError, KeyError, TypeError):
-        return None
-
-
-def read_beats(directory: Path, since: float = 0.0) -> dict[int, Beat]:
-    """The ranks' beats written at or after `since` (older ones are an earlier run's)."""
-    beats = {}
-    if directory.is_dir():
-        for path in directory.glob("rank-*"):
-            try:
-                beat = parse_beat(path.read_text())
-            except OSError:
-                continue
-            if beat is not None and beat.time >= since:
-                beats[beat.rank] = beat
-    return beats
-
-
 def silent_after(interval: float) -> float:
     """How long without a write before a rank counts as frozen: a few missed beats."""
     return max(3 * interval, 10.0)
@@ -86,17 +56,19 @@ def find_stall(beats: dict[int, Beat], world_size: int, launched: float, now: fl
     if idle < stall_seconds:
         return None
     return Stall(f"no rank progressed for {idle:.0f} s (launch.stall_seconds={stall_seconds:g})",
-                 idle, culprits(beats, world_size, now, interval))
+                 idle, culprits(beats, world_size, now, interval, launched))
 
 
-def culprits(beats: dict[int, Beat], world_size: int, now: float,
-             interval: float) -> tuple[StalledRank, ...]:
+def culprits(beats: dict[int, Beat], world_size: int, now: float, interval: float,
+             launched: float) -> tuple[StalledRank, ...]:
+    """The ranks holding the job (see the module's docstring); launched: when this run started
+    (a rank that never beat has been idle since then)."""
     silent = silent_after(interval)
 
     def named(rank: int, why: str) -> StalledRank:
         beat = beats.get(rank)
         if beat is None:
-            return StalledRank(rank, None, None, None, None, now, why)
+            return StalledRank(rank, None, None, None, None, round(now - launched, 1), why)
         return StalledRank(rank, beat.host, beat.pid, beat.step, beat.phase,
                            round(now - beat.progress, 1), why)
 
@@ -114,13 +86,13 @@ def culprits(beats: dict[int, Beat], world_size: int, now: float,
 
 
 def stop_ignored(beats: dict[int, Beat], world_size: int, now: float, signalled_at: float,
-                 grace: float, interval: float) -> Stall | None:
+                 grace: float, interval: float, launched: float) -> Stall | None:
     """A forwarded stop that the ranks have not obeyed (exited) within `grace` seconds."""
     waited = now - signalled_at
     if waited < grace:
         return None
     return Stall(f"the ranks did not stop within {grace:g} s of the forwarded stop", waited,
-                 culprits(beats, world_size, now, interval))
+                 culprits(beats, world_size, now, interval, launched))
 
 
 def process_state(pid: int | None, proc: Path = Path("/proc")) -> str | None:

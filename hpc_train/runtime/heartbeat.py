@@ -12,6 +12,9 @@ Two clocks tell two stories: an old `progress` with a fresh `time` is a rank ali
 running altogether (SIGSTOP, a frozen node, a process holding the GIL forever). A rank stuck for
 half of `stall_seconds` writes the Python stack of every thread to its log once, so `diagnose`
 can show where it hangs (a frozen process cannot; the driver reports its process state).
+
+The reader of the format is here too (`Beat`, `parse_beat`, `read_beats`): the driver's watchdog
+(job/watchdog.py) and `status`/`diagnose` on the login node read the files with it.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import socket
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 STACK_DUMP_HEADER = "hpc_train watchdog: no progress"
@@ -50,12 +54,15 @@ class Heartbeat:
         return self
 
     def progress(self, step: int | None = None, phase: str | None = None) -> None:
-        """Called by the loop: cheap enough for every step and every evaluation batch."""
+        """Called by the loop: cheap enough for every step and every evaluation batch (no I/O,
+        except a beat written at once when the phase changes, a few times per run: a rank that
+        freezes right after, before the thread's next beat, is then still shown where it is)."""
         if step is not None:
             self.step = step
-        if phase is not None:
-            self.phase = phase
         self.progress_time = self.clock()
+        if phase is not None and phase != self.phase:
+            self.phase = phase
+            self.write()
 
     def record(self) -> dict:
         return {"rank": self.rank, "host": socket.gethostname(), "pid": os.getpid(),
@@ -86,9 +93,50 @@ class Heartbeat:
         faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
 
     def close(self) -> None:
+        """Stop the thread; the last beat then says where the rank ended."""
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout=2 * self.interval)
+        self.write()
+
+
+# -- reading the beats (the driver's watchdog, `status` and `diagnose` on the login node) ----------
+
+@dataclass(frozen=True)
+class Beat:
+    """One rank's heartbeat file, as read back."""
+    rank: int
+    step: int
+    phase: str
+    progress: float      # when the rank last progressed
+    time: float          # when the beat was written (the rank was alive)
+    pid: int | None = None
+    host: str | None = None
+
+
+def parse_beat(text: str) -> Beat | None:
+    """A heartbeat file's text -> Beat; None for anything else (a partial or foreign file)."""
+    try:
+        record = json.loads(text)
+        return Beat(int(record["rank"]), int(record["step"]), str(record.get("phase", "?")),
+                    float(record["progress"]), float(record["time"]), record.get("pid"),
+                    record.get("host"))
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def read_beats(directory: Path, since: float = 0.0) -> dict[int, Beat]:
+    """The ranks' beats written at or after `since` (older ones are an earlier run's)."""
+    beats = {}
+    if directory.is_dir():
+        for path in directory.glob("rank-*"):
+            try:
+                beat = parse_beat(path.read_text())
+            except OSError:
+                continue
+            if beat is not None and beat.time >= since:
+                beats[beat.rank] = beat
+    return beats
 
 
 class NoHeartbeat:

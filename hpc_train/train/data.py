@@ -2,6 +2,9 @@
 
 Training order comes from `ResumableBlockSampler` (same global order for every world size, exact
 mid-epoch resume from one number); validation covers every sample once (`ValidationSampler`).
+Augmentation is drawn per sample from (run seed, epoch, index) inside the datasets, and each
+loader seeds its workers from a generator of its own: neither depends on, nor draws from, the
+global torch RNG, which the checkpoint restores for the model (dropout) alone.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ import signal
 from pathlib import Path
 
 import numpy as np
+import torch
 from torch.utils.data import DataLoader
 
 from hpc_train.data.sampler import ResumableBlockSampler, ValidationSampler
@@ -26,12 +30,25 @@ def ignore_stop_signals(_worker_id: int) -> None:
     signal.signal(signal.SIGUSR2, signal.SIG_IGN)
 
 
-def _loader(dataset, sampler, data_spec, pin: bool, drop_last: bool) -> DataLoader:
-    workers = data_spec.workers
-    return DataLoader(dataset, batch_size=data_spec.batch_size, sampler=sampler, drop_last=drop_last,
+def loader_generator(seed: int, rank: int) -> torch.Generator:
+    """The generator a DataLoader draws its workers' base seed from at each iter().
+
+    Without one it draws from the global torch RNG: a resumed run, whose RNG state is restored
+    before its first iter(), would then see that stream shifted by one draw. The rank is mixed
+    in so that anything drawing from a worker's own RNGs (torch, numpy, random: all seeded from
+    that base seed) draws differently on each rank, as it would on each worker.
+    """
+    mixed = np.random.SeedSequence([seed, rank]).generate_state(1, np.uint64)[0]
+    return torch.Generator().manual_seed(int(mixed))
+
+
+def _loader(dataset, sampler, spec, rank: int, pin: bool, drop_last: bool) -> DataLoader:
+    data = spec.data
+    workers = data.workers
+    return DataLoader(dataset, batch_size=data.batch_size, sampler=sampler, drop_last=drop_last,
                       num_workers=workers, pin_memory=pin, worker_init_fn=ignore_stop_signals,
-                      multiprocessing_context=data_spec.start_method if workers else None,
-                      persistent_workers=workers > 0)
+                      multiprocessing_context=data.start_method if workers else None,
+                      persistent_workers=workers > 0, generator=loader_generator(spec.run.seed, rank))
 
 
 def _token_datasets(spec):
@@ -71,7 +88,7 @@ def _datasets(spec):
     from hpc_train.data.transforms import TrainTransform, ValTransform
 
     root = Path(data.path)
-    train = ShardedImages(root, "train", TrainTransform(data.image_size))
+    train = ShardedImages(root, "train", TrainTransform(data.image_size), seed=spec.run.seed)
     if len(train.class_names) != data.num_classes:
         raise DataError(f"{root}/train has {len(train.class_names)} classes but data.num_classes is "
                         f"{data.num_classes}: set data.num_classes: {len(train.class_names)}")
@@ -90,5 +107,6 @@ def build_loaders(spec, rank: int, size: int, pin: bool) -> tuple[DataLoader, Da
                         f"epoch, fewer than one step of {spec.parallel.accumulation} accumulated batches")
     val_loader = None
     if val is not None and len(val):
-        val_loader = _loader(val, ValidationSampler(len(val), rank, size), spec.data, pin, drop_last=False)
-    return _loader(train, sampler, spec.data, pin, drop_last=True), val_loader
+        val_loader = _loader(val, ValidationSampler(len(val), rank, size), spec, rank, pin,
+                             drop_last=False)
+    return _loader(train, sampler, spec, rank, pin, drop_last=True), val_loader

@@ -65,7 +65,9 @@ class Trainer:
         self.device = pick_device(spec, identity)
         torch.set_num_threads(spec.slurm.cpus_per_task)
         self._build_model()
-        torch.manual_seed(spec.run.seed + identity.rank)  # different augmentation per rank
+        # Per-rank streams for dropout and other model randomness; augmentation does not use
+        # them: it is drawn per sample from (seed, epoch, index) (data/transforms.sample_rng).
+        torch.manual_seed(spec.run.seed + identity.rank)
         pin = spec.data.pin_memory and self.device.type == "cuda"
         self.train_loader, self.val_loader = build_loaders(spec, *self.data_part, pin)
         self.sampler = self.train_loader.sampler
