@@ -22,10 +22,13 @@ import os
 import signal
 import subprocess
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 
 import pytest
 
 from hpc_train.checkpoint import layout
+from hpc_train.rundir import RunPaths, read_jsonl
 from tests.runs import cli, describe_failure, events, submit
 from tests.test_resume_exact import assert_identical
 
@@ -33,8 +36,9 @@ pytestmark = [pytest.mark.slurm, pytest.mark.mpi, pytest.mark.horovod, pytest.ma
 
 ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"}
 TOTAL_STEPS = 92            # jobs/smoke.yaml: 2 epochs of 46 steps
-# Logging every other step changes no number of the training; it lets the test act at a step.
-WATCH = ["log.every_steps=2"]
+# Logging every step changes no number of the training; it lets the test act at a step and
+# compare the loss of every step.
+WATCH = ["log.every_steps=1"]
 FREEZE = ["launch.stall_seconds=40", "checkpoint.every_steps=10",
           "checkpoint.retries_on_failure=1", *WATCH]
 FAKE_SCONTROL = """#!/bin/sh
@@ -54,8 +58,6 @@ def _wait_for(predicate, timeout: float, what: str):
 
 def logged_step(paths, since: float = 0.0) -> int:
     """The last training step rank 0 logged at or after `since` (-1: none yet)."""
-    from hpc_train.rundir import read_jsonl
-
     steps = [m["step"] for m in read_jsonl(paths.metrics)
              if m.get("split") is None and m.get("time", 0) >= since]
     return steps[-1] if steps else -1
@@ -66,8 +68,20 @@ def _queue_state(job_id: str) -> str:
                           text=True, timeout=20).stdout.strip()
 
 
+@dataclass
+class Job:
+    job_id: str
+    paths: RunPaths
+    acted: Future | None = None      # what the actor saw and did while the job ran
+
+    def observed(self, timeout: float = 900) -> dict:
+        return self.acted.result(timeout=timeout)
+
+
 @pytest.fixture(scope="module")
 def jobs(slurm_cluster, tmp_path_factory):
+    """Submit every job at once; an actor thread per job acts on it while it runs (the jobs take
+    under a minute each: acting from the tests one after another would find them finished)."""
     root = tmp_path_factory.mktemp("lifecycle")
     fake = root / "fake-bin"
     fake.mkdir()
@@ -75,37 +89,36 @@ def jobs(slurm_cluster, tmp_path_factory):
     (fake / "scontrol").write_text(FAKE_SCONTROL.format(real=real))
     (fake / "scontrol").chmod(0o755)
     plan = {
-        # The interrupted jobs first: the test acts on them while they run.
-        "stopped-horovod": WATCH,
-        "stopped-ddp": ["parallel.backend=ddp", *WATCH],
-        "frozen-once": FREEZE,
-        "no-requeue": [*WATCH, f"slurm.setup=[export PATH={fake}:$PATH]"],
-        "cancelled": WATCH,
-        "frozen-always": [*FREEZE, "launch.stall_seconds=20", "launch.env.HPC_TRAIN_FAULT=freeze:1:14"],
-        "straight-horovod": [],
-        "straight-ddp": ["parallel.backend=ddp"],
+        "stopped-horovod": (WATCH, _stop_three_ways),
+        "stopped-ddp": (["parallel.backend=ddp", *WATCH], _stop_three_ways),
+        "frozen-once": (FREEZE, _freeze_one_rank),
+        "no-requeue": ([*WATCH, f"slurm.setup=[export PATH={fake}:$PATH]"], _usr2_at_step_8),
+        "cancelled": (WATCH, _cancel_at_step_6),
+        "frozen-always": ([*FREEZE, "launch.stall_seconds=20", "launch.env.HPC_TRAIN_FAULT=freeze:1:14"], None),
+        "straight-horovod": (WATCH, None),
+        "straight-ddp": (["parallel.backend=ddp", *WATCH], None),
     }
     submitted = {}
-    for name, overrides in plan.items():
-        job_id, paths = submit("jobs/smoke.yaml", root, f"run.name={name}", *overrides)
-        slurm_cluster.job_ids.append(job_id)
-        submitted[name] = (job_id, paths)
-    return submitted
+    with ThreadPoolExecutor(max_workers=len(plan)) as actors:
+        for name, (overrides, act) in plan.items():
+            job_id, paths = submit("jobs/smoke.yaml", root, f"run.name={name}", *overrides)
+            slurm_cluster.job_ids.append(job_id)
+            submitted[name] = Job(job_id, paths, actors.submit(act, job_id, paths) if act else None)
+        yield submitted
 
 
-def _stop_three_ways(job_id: str, paths) -> list[dict]:
+# -- actors: what happens to each job while it runs (threads started by the fixture) -----------
+
+def _stop_three_ways(job_id: str, paths: RunPaths) -> list[dict]:
     """USR2 to the batch shell, then `scontrol requeue`, then TERM to every process; each while
     the run is training past the last one's resume. Returns when and how each stop was sent."""
     stops, since = [], 0.0
     for kind, at_step in (("USR2", 8), ("scontrol requeue", 24), ("TERM --full", 56)):
         _wait_for(lambda: logged_step(paths, since) >= at_step, 600, f"step {at_step} of {paths.root.name}")
         sent = time.time()
-        if kind == "USR2":
-            command = ["scancel", "--batch", "--signal=USR2", job_id]
-        elif kind == "scontrol requeue":
-            command = ["scontrol", "requeue", job_id]
-        else:
-            command = ["scancel", "--full", "--signal=TERM", job_id]
+        command = {"USR2": ["scancel", "--batch", "--signal=USR2", job_id],
+                   "scontrol requeue": ["scontrol", "requeue", job_id],
+                   "TERM --full": ["scancel", "--full", "--signal=TERM", job_id]}[kind]
         subprocess.run(command, check=True, timeout=30)
         stops.append({"kind": kind, "sent": sent, "step": logged_step(paths, since)})
         # The next stop waits for the next run's own training (resumed, then logging again).
@@ -118,13 +131,47 @@ def _stop_three_ways(job_id: str, paths) -> list[dict]:
     return stops
 
 
-def _metrics_after(paths, since: float) -> list[dict]:
-    from hpc_train.rundir import read_jsonl
+def _freeze_one_rank(job_id: str, paths: RunPaths) -> dict:
+    """At step 24: try a second writer (resume), then SIGSTOP rank 1 and ask status and
+    diagnose while it is frozen. Nobody continues it: the watchdog must end it."""
+    _wait_for(lambda: logged_step(paths) >= 24, 600, "step 24")
+    seen = {"resume": cli("resume", str(paths.root)),
+            "queued": subprocess.run(["squeue", "-h", "-n", "frozen-once", "-o", "%i"], capture_output=True,
+                                     text=True, timeout=20).stdout.split()}
+    seen["beat"] = json.loads(paths.rank_heartbeat(1).read_text())
+    seen["frozen_at"] = time.time()
+    os.kill(seen["beat"]["pid"], signal.SIGSTOP)
 
+    def named_by_status():
+        out = cli("status", str(paths.root), "--json")
+        run = json.loads(out.stdout)["runs"][0] if out.returncode == 0 else {}
+        health = run.get("health") or {}
+        return (not health.get("ok", True) and 1 in health.get("stalled_ranks", [])
+                and seen["beat"]["host"] in health.get("message", "")) and health
+    seen["health"] = _wait_for(named_by_status, 35, "status to name the frozen rank")
+    seen["diagnosis"] = cli("diagnose", str(paths.root)).stdout
+    seen["before_the_watchdog"] = _queue_state(job_id) == "RUNNING" and not events(paths, "ranks_stalled")
+    seen["requeued"] = _wait_for(lambda: events(paths, "requeued"), 120, "the requeue")[0]
+    return seen
+
+
+def _usr2_at_step_8(job_id: str, paths: RunPaths) -> float:
+    _wait_for(lambda: logged_step(paths) >= 8, 600, "step 8")
+    subprocess.run(["scancel", "--batch", "--signal=USR2", job_id], check=True, timeout=30)
+    return time.time()
+
+
+def _cancel_at_step_6(job_id: str, paths: RunPaths) -> float:
+    _wait_for(lambda: logged_step(paths) >= 6, 600, "step 6")
+    subprocess.run(["scancel", job_id], check=True, timeout=30)
+    return time.time()
+
+
+def _metrics_after(paths: RunPaths, since: float) -> list[dict]:
     return [m for m in read_jsonl(paths.metrics) if m.get("split") is None and m["time"] > since]
 
 
-def _final_checkpoint(paths, rank: int):
+def _final_checkpoint(paths: RunPaths, rank: int):
     import torch
 
     directory = paths.checkpoints / layout.step_dir_name(TOTAL_STEPS)
@@ -132,17 +179,23 @@ def _final_checkpoint(paths, rank: int):
             torch.load(directory / layout.rank_file_name(rank), weights_only=True))
 
 
+def _ended(slurm_cluster, job: Job, timeout: float = 900) -> str:
+    return slurm_cluster.wait_state(job.job_id, ENDED, timeout=timeout)
+
+
+# -- the tests -----------------------------------------------------------------------------------
+
 @pytest.mark.parametrize("backend", ["horovod", "ddp"])
 def test_smoke_job_stopped_three_ways_ends_bit_identical(backend, jobs, slurm_cluster):
-    job_id, paths = jobs[f"stopped-{backend}"]
-    stops = _stop_three_ways(job_id, paths)
+    job, straight = jobs[f"stopped-{backend}"], jobs[f"straight-{backend}"]
+    stops = job.observed()
     for stop in stops:
         print(f"[turnaround] {backend} {stop['kind']}: sent at step {stop['step']}, resumed from "
               f"checkpoint {stop['resumed_from']}, training again after "
               f"{stop['training_again'] - stop['sent']:.1f} s")
-    assert slurm_cluster.wait_state(job_id, ENDED, timeout=900) == "COMPLETED", describe_failure(paths)
-    straight_id, straight = jobs[f"straight-{backend}"]
-    assert slurm_cluster.wait_state(straight_id, ENDED, timeout=900) == "COMPLETED", describe_failure(straight)
+    paths = job.paths
+    assert _ended(slurm_cluster, job) == "COMPLETED", describe_failure(paths)
+    assert _ended(slurm_cluster, straight) == "COMPLETED", describe_failure(straight.paths)
 
     # Three requeues under one job id, each recorded as what it was. Slurm's own requeue
     # SIGKILLs the driver 5 s (KillWait) after its TERM, which may come before the record:
@@ -153,101 +206,82 @@ def test_smoke_job_stopped_three_ways_ends_bit_identical(backend, jobs, slurm_cl
     assert 1 not in requeued or requeued[1]["by"] == "slurm", requeued
     # TERM reaches the ranks and mpirun alike: the ranks may save first (stop) or be aborted.
     assert requeued[2]["by"] == "driver" and requeued[2]["cause"] in ("stop", "interrupted")
-    assert "REQUEUED" in subprocess.run(["sacct", "-D", "-X", "-n", "-P", "-j", job_id, "-o", "State"],
+    assert "REQUEUED" in subprocess.run(["sacct", "-D", "-X", "-n", "-P", "-j", job.job_id, "-o", "State"],
                                         capture_output=True, text=True, timeout=30).stdout
     assert events(paths, "finished")[-1]["status"] == "completed"
     # The USR2 stop saved where the ranks agreed; the others resumed from the last checkpoint.
     assert stops[0]["resumed_from"] == events(paths, "stop_saved")[0]["step"]
 
     # Same steps, and every rank's parameters bit-identical to the uninterrupted run.
-    for run in (paths, straight):
+    for run in (paths, straight.paths):
         finished = events(run, "rank_finished")
         assert sorted(e["rank"] for e in finished[-2:]) == [0, 1]
         assert {e["step"] for e in finished} == {TOTAL_STEPS}
     assert ({e["params_sha256"] for e in events(paths, "rank_finished")}
-            == {e["params_sha256"] for e in events(straight, "rank_finished")})
+            == {e["params_sha256"] for e in events(straight.paths, "rank_finished")})
     for rank in (0, 1):
-        expected, got = _final_checkpoint(straight, rank), _final_checkpoint(paths, rank)
+        expected, got = _final_checkpoint(straight.paths, rank), _final_checkpoint(paths, rank)
         assert_identical(expected[0]["model"], got[0]["model"], "model")
         assert_identical(expected[0]["optimizer"], got[0]["optimizer"], "optimizer")
         assert_identical(expected[1]["buffers"], got[1]["buffers"], f"rank {rank} buffers")
-    # The losses logged after each resume are the uninterrupted run's at the same steps.
-    expected = {m["step"]: m["loss"] for m in _metrics_after(straight, 0)}
-    for m in _metrics_after(paths, 0):
+    # The loss of every step trained after a resume is the uninterrupted run's at that step.
+    expected = {m["step"]: m["loss"] for m in _metrics_after(straight.paths, 0)}
+    logged = _metrics_after(paths, 0)
+    assert {m["step"] for m in logged} == set(expected)
+    for m in logged:
         assert m["loss"] == pytest.approx(expected[m["step"]], rel=1e-6, abs=1e-7), m["step"]
 
 
-def _heartbeat(paths, rank: int) -> dict:
-    return json.loads(paths.rank_heartbeat(rank).read_text())
-
-
 def test_frozen_rank_is_named_then_requeued_from_its_checkpoint(jobs, slurm_cluster):
-    job_id, paths = jobs["frozen-once"]
-    _wait_for(lambda: logged_step(paths) >= 24, 600, "step 24")
-
-    # A second writer is refused while the job runs; the queue keeps exactly one job.
-    refused = cli("resume", str(paths.root))
-    assert refused.returncode != 0 and job_id in refused.stderr and "RUNNING" in refused.stderr
-    listed = subprocess.run(["squeue", "-h", "-n", "frozen-once", "-o", "%i"], capture_output=True,
-                            text=True, timeout=20).stdout.split()
-    assert listed == [job_id]
-
-    beat = _heartbeat(paths, 1)
-    frozen_at = time.time()
-    os.kill(beat["pid"], signal.SIGSTOP)     # the watchdog must end it: nobody here continues it
-
-    # While it is frozen, before the driver acts: status and diagnose name it and its host.
-    def named_by_status():
-        out = cli("status", str(paths.root), "--json")
-        run = json.loads(out.stdout)["runs"][0] if out.returncode == 0 else {}
-        health = run.get("health") or {}
-        return (not health.get("ok", True) and 1 in health.get("stalled_ranks", [])
-                and beat["host"] in health.get("message", "")) and health
-    health = _wait_for(named_by_status, 35, "status to name the frozen rank")
-    assert _queue_state(job_id) == "RUNNING" and not events(paths, "ranks_stalled"), health
-    diagnosis = cli("diagnose", str(paths.root))
-    assert "rank 1" in diagnosis.stdout and beat["host"] in diagnosis.stdout, diagnosis.stdout
-    stalled = _wait_for(lambda: events(paths, "ranks_stalled"), 120, "the watchdog")[0]
-    requeued = _wait_for(lambda: events(paths, "requeued"), 120, "the requeue")[0]
-    print(f"[turnaround] freeze to requeue: {requeued['time'] - frozen_at:.1f} s "
+    job = jobs["frozen-once"]
+    seen, paths = job.observed(), job.paths
+    # A second writer was refused while the job ran; the queue kept exactly one job.
+    refused = seen["resume"]
+    assert refused.returncode != 0 and job.job_id in refused.stderr and "RUNNING" in refused.stderr
+    assert seen["queued"] == [job.job_id]
+    # While frozen, before the driver acted, status and diagnose named the rank and its host.
+    host = seen["beat"]["host"]
+    assert seen["before_the_watchdog"], seen["health"]
+    assert "rank 1" in seen["diagnosis"] and host in seen["diagnosis"], seen["diagnosis"]
+    requeued = seen["requeued"]
+    print(f"[turnaround] freeze to requeue: {requeued['time'] - seen['frozen_at']:.1f} s "
           f"(launch.stall_seconds=40)")
-    assert slurm_cluster.wait_state(job_id, ENDED, timeout=900) == "COMPLETED", describe_failure(paths)
+
+    assert _ended(slurm_cluster, job) == "COMPLETED", describe_failure(paths)
+    stalled = events(paths, "ranks_stalled")[0]
     assert [r["rank"] for r in stalled["ranks"]] == [1]
-    assert stalled["ranks"][0]["host"] == beat["host"] and stalled["ranks"][0]["state"].startswith("T")
+    assert stalled["ranks"][0]["host"] == host and stalled["ranks"][0]["state"].startswith("T")
     assert requeued["cause"] == "stall" and requeued["by"] == "driver"
-    resumed = events(paths, "resumed")[0]
-    assert resumed["from_checkpoint"] >= 20          # every 10 steps; frozen after step 24
+    assert events(paths, "resumed")[0]["from_checkpoint"] >= 20   # every 10 steps; frozen after 24
     assert events(paths, "finished")[-1]["status"] == "completed"
     assert {e["step"] for e in events(paths, "rank_finished")} == {TOTAL_STEPS}
+    diagnosis = cli("diagnose", str(paths.root), "--run", "0").stdout
+    assert "rank 1" in diagnosis and "T (stopped)" in diagnosis, diagnosis
 
 
 def test_rank_frozen_on_every_run_ends_failed_after_its_retry(jobs, slurm_cluster):
-    job_id, paths = jobs["frozen-always"]
-    state = slurm_cluster.wait_state(job_id, ENDED, timeout=900)
-    assert state == "FAILED", describe_failure(paths)
-    assert len(events(paths, "ranks_stalled")) == 2
-    assert [e["cause"] for e in events(paths, "requeued")] == ["stall"]
-    finished = events(paths, "finished")[-1]
+    job = jobs["frozen-always"]
+    assert _ended(slurm_cluster, job) == "FAILED", describe_failure(job.paths)
+    assert len(events(job.paths, "ranks_stalled")) == 2
+    assert [e["cause"] for e in events(job.paths, "requeued")] == ["stall"]
+    finished = events(job.paths, "finished")[-1]
     assert finished["status"] == "failed" and "retries_on_failure=1" in finished["reason"]
 
 
 def test_refused_scontrol_requeue_fails_the_job_with_its_reason(jobs, slurm_cluster):
-    job_id, paths = jobs["no-requeue"]
-    _wait_for(lambda: logged_step(paths) >= 8, 600, "step 8")
-    subprocess.run(["scancel", "--batch", "--signal=USR2", job_id], check=True, timeout=30)
-    state = slurm_cluster.wait_state(job_id, ENDED, timeout=300)
-    assert state == "FAILED", describe_failure(paths)
-    assert events(paths, "stop_saved") and not events(paths, "requeued")
-    finished = events(paths, "finished")[-1]
+    job = jobs["no-requeue"]
+    job.observed()
+    assert _ended(slurm_cluster, job, 300) == "FAILED", describe_failure(job.paths)
+    assert events(job.paths, "stop_saved") and not events(job.paths, "requeued")
+    finished = events(job.paths, "finished")[-1]
     assert finished["status"] == "failed" and "stand-in" in finished["reason"], finished
 
 
 def test_a_cancelled_job_is_not_recorded_as_requeued(jobs, slurm_cluster):
-    job_id, paths = jobs["cancelled"]
-    _wait_for(lambda: logged_step(paths) >= 6, 600, "step 6")
-    subprocess.run(["scancel", job_id], check=True, timeout=30)
-    assert slurm_cluster.wait_state(job_id, ENDED, timeout=120) == "CANCELLED"
+    job = jobs["cancelled"]
+    job.observed()
+    assert _ended(slurm_cluster, job, 120) == "CANCELLED"
     time.sleep(6)                                   # KillWait: whatever the driver writes, it has
-    assert not events(paths, "requeued"), events(paths, "requeued")
+    assert not events(job.paths, "requeued"), events(job.paths, "requeued")
     # The driver may be killed before it writes; what it does write is the truth.
-    assert [e["status"] for e in events(paths, "finished")] in ([], ["cancelled"])
+    assert [e["status"] for e in events(job.paths, "finished")] in ([], ["cancelled"])

@@ -65,15 +65,18 @@ def under_slurm(environ) -> bool:
     return environ.get("SUBMITIT_EXECUTOR") != "local" and "SLURM_JOB_ID" in environ
 
 
-def stop_deadline(spec: JobSpec, environ, started: float) -> float | None:
-    """When the ranks must stop by themselves: the job's end minus the signal's lead time.
-
-    Slurm's own end time where it can be had, else our start plus the limit (an upper bound
-    that still saves before the kill, since the job started before the driver did)."""
+def planned_end(spec: JobSpec, environ, started: float) -> float | None:
+    """When Slurm will end this job, as known at its start (None outside Slurm): Slurm's own end
+    time where it can be had, else our start plus the limit (an upper bound)."""
     if not under_slurm(environ):
         return None
-    end = scheduler.job_end_time(environ["SLURM_JOB_ID"], environ) or started + spec.time_seconds
-    return end - spec.slurm.signal_seconds
+    return scheduler.job_end_time(environ["SLURM_JOB_ID"], environ) or started + spec.time_seconds
+
+
+def stop_deadline(spec: JobSpec, end: float | None) -> float | None:
+    """When the ranks must stop by themselves: the job's end minus the signal's lead time (still
+    saving before the kill with the upper bound, since the job started before the driver did)."""
+    return None if end is None else end - spec.slurm.signal_seconds
 
 
 def launch_plan(spec: JobSpec, paths: RunPaths, allocation: Allocation, environ,
@@ -200,7 +203,8 @@ def run_driver(run_dir: str | Path) -> Decision:
     environ = dict(os.environ)
     started = time.time()
     allocation = current_allocation(spec, environ)
-    deadline = stop_deadline(spec, environ, started)
+    end = planned_end(spec, environ, started)
+    deadline = stop_deadline(spec, end)
     argv = mpirun_argv(launch_plan(spec, paths, allocation, environ, deadline))
     events.try_record(paths, events.started(list(allocation.host_names), allocation.world_size,
                                             deadline, argv, spec.launch.stall_seconds))
@@ -223,17 +227,26 @@ def run_driver(run_dir: str | Path) -> Decision:
             max_requeues=spec.checkpoint.max_requeues,
             retries_on_failure=spec.checkpoint.retries_on_failure, can_requeue=under_slurm(environ),
             driver_signalled=forwarder.reason is not None, stall=stall.why if stall else None)
-        decision = _carry_out(decision, paths, environ, restart, returncode, time.time() - started)
+        decision = _carry_out(decision, paths, environ, restart, end,
+                              Ended(returncode, round(time.time() - started, 1)))
     finally:
         forwarder.restore()
     log.info("ranks exited %d: %s (%s)", returncode, decision.action, decision.reason)
     return decision
 
 
-def _carry_out(decision: Decision, paths: RunPaths, environ, restart: int, returncode: int,
-               seconds: float) -> Decision:
-    """Requeue when decided and Slurm agrees; record the outcome that really happens."""
-    seconds = round(seconds, 1)
+@dataclass(frozen=True)
+class Ended:
+    """How this run's ranks ended: mpirun's exit status, after how long."""
+    returncode: int
+    seconds: float
+
+
+def _carry_out(decision: Decision, paths: RunPaths, environ, restart: int, end: float | None,
+               ended: Ended) -> Decision:
+    """Requeue when decided and Slurm agrees; record the outcome that really happens.
+    end: the job's planned end, to tell a time limit from a cancel when Slurm ends it."""
+    returncode, seconds = ended.returncode, ended.seconds
     if decision.action == "requeue":
         job_id = environ["SLURM_JOB_ID"]
         path = requeue_path(scheduler.show_job(job_id), restart)
@@ -245,7 +258,8 @@ def _carry_out(decision: Decision, paths: RunPaths, environ, restart: int, retur
                                               f"{detail}. Continue with `python -m hpc_train "
                                               f"resume {paths.root}`")
         elif path == "ending":
-            status = ending_status(time.time(), scheduler.job_end_time(job_id, environ))
+            # Not Slurm's end time now: a cancel sets it to the moment of the cancel.
+            status = ending_status(time.time(), end)
             events.try_record(paths, events.finished(status, f"{decision.reason}; not requeued: "
                                                      "Slurm is ending the job", returncode, seconds))
             return Decision("stopped", f"{decision.reason}; Slurm ended the job ({status})")

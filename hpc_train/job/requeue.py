@@ -43,7 +43,7 @@ def decide(returncode: int, *, stop_reason: str | None, restarts: int, failed_ru
         reason = stop_reason or "stopped"
         cause = events.CAUSE_STOP
         if returncode != STOP_EXIT:
-            reason += f" (ranks ended by it, exit {returncode}: resuming from the last complete checkpoint)"
+            reason += f" (the ranks were ended by it, exit {returncode})"
             cause = events.CAUSE_INTERRUPTED
         if not can_requeue:
             return Decision("stopped", f"{reason}; not running under Slurm, so not requeued")
