@@ -13,30 +13,24 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 from hpc_train import events, scheduler
 from hpc_train.errors import LaunchError
-from hpc_train.job import watchdog
 from hpc_train.job.requeue import Decision, decide, ending_status, requeue_path
+from hpc_train.job.supervise import StopForwarder, Watch, supervise
 from hpc_train.launch.allocation import Allocation, allocation_from_slurm, local_allocation
 from hpc_train.launch.argv import LaunchPlan, inherited, mpirun_argv
 from hpc_train.rundir import RunPaths
-from hpc_train.runtime.heartbeat import beat_interval
 from hpc_train.runtime.stop import DEADLINE_ENV, STALL_ENV, STOP_EXIT
 from hpc_train.spec import JobSpec, load_spec
 
 log = logging.getLogger("hpc_train.driver")
-
-STOP_SIGNALS = (signal.SIGUSR2, signal.SIGTERM)
-POLL_SECONDS = 1.0           # between looks at the heartbeats while mpirun runs
-TEARDOWN_SECONDS = 30        # mpirun's own SIGTERM -> SIGKILL of its ranks, before we step in
 
 
 def rendezvous_port(job_id: str | None) -> int:
@@ -99,103 +93,6 @@ def launch_plan(spec: JobSpec, paths: RunPaths, allocation: Allocation, environ,
         as_root=os.geteuid() == 0, mpirun=mpirun)
 
 
-class _StopForwarder:
-    """Signal handlers that pass a stop on to mpirun once, and remember why and when."""
-
-    def __init__(self, process: subprocess.Popen):
-        self.process = process
-        self.reason: str | None = None
-        self.at: float | None = None
-        self.previous = {sig: signal.signal(sig, self._handle) for sig in STOP_SIGNALS}
-
-    def _handle(self, signum, _frame) -> None:
-        if self.reason is None:
-            self.reason, self.at = signal.Signals(signum).name, time.time()
-            # Always USR2 to mpirun: Open MPI passes USR1/USR2 on to the ranks, but treats a
-            # SIGTERM as "abort the job" and kills the ranks (and their data workers) before
-            # they can save. The ranks stop at a step boundary either way.
-            if self.process.poll() is None:
-                self.process.send_signal(signal.SIGUSR2)
-
-    def restore(self) -> None:
-        for sig, handler in self.previous.items():
-            signal.signal(sig, handler)
-
-
-@dataclass
-class _Watch:
-    """What the supervision loop needs to judge the ranks."""
-    paths: RunPaths
-    world_size: int
-    stall_seconds: float
-    grace: float
-    launched: float
-
-    @property
-    def interval(self) -> float:
-        return beat_interval(self.stall_seconds)
-
-    def stall(self, forwarder: _StopForwarder, now: float) -> watchdog.Stall | None:
-        beats = watchdog.read_beats(self.paths.heartbeat, since=self.launched)
-        if forwarder.at is not None:
-            found = watchdog.stop_ignored(beats, self.world_size, now, forwarder.at, self.grace,
-                                          self.interval, self.launched)
-            if found:
-                return found
-        return watchdog.find_stall(beats, self.world_size, self.launched, now, self.stall_seconds,
-                                   self.interval)
-
-
-def _supervise(process: subprocess.Popen, forwarder: _StopForwarder,
-               watch: _Watch) -> tuple[int, watchdog.Stall | None]:
-    """Wait for mpirun in bounded slices; on a stall, record it and tear the ranks down."""
-    while True:
-        try:
-            return process.wait(timeout=POLL_SECONDS), None
-        except subprocess.TimeoutExpired:
-            pass
-        stall = watch.stall(forwarder, time.time())
-        if stall is not None:
-            stall = _with_process_states(stall)
-            log.error("watchdog: %s; stalled: %s", stall.why, "; ".join(
-                f"rank {r.rank} on {r.host} pid {r.pid} step {r.step} ({r.why}"
-                f"{', state ' + r.state if r.state else ''})" for r in stall.ranks))
-            events.try_record(watch.paths, events.ranks_stalled(stall.why, stall.ranks_json(),
-                                                                round(stall.idle_seconds, 1)))
-            return _tear_down(process, stall), stall
-
-
-def _with_process_states(stall: watchdog.Stall) -> watchdog.Stall:
-    """Add /proc's state (e.g. 'T (stopped)') for stalled ranks on this host."""
-    here = socket.gethostname()
-    return replace(stall, ranks=tuple(
-        replace(r, state=watchdog.process_state(r.pid)) if r.host == here else r
-        for r in stall.ranks))
-
-
-def _tear_down(process: subprocess.Popen, stall: watchdog.Stall) -> int:
-    """SIGTERM to mpirun (it kills its ranks, SIGCONT and SIGKILL included); if it has not
-    finished within TEARDOWN_SECONDS, SIGKILL the stalled ranks we can reach, then mpirun."""
-    process.terminate()
-    try:
-        return process.wait(timeout=TEARDOWN_SECONDS)
-    except subprocess.TimeoutExpired:
-        pass
-    here = socket.gethostname()
-    for rank in stall.ranks:
-        if rank.pid and rank.host == here:
-            try:
-                os.kill(rank.pid, signal.SIGKILL)
-            except OSError:
-                pass
-    try:
-        return process.wait(timeout=TEARDOWN_SECONDS)
-    except subprocess.TimeoutExpired:
-        log.error("mpirun did not end %d s after SIGTERM; killing it", 2 * TEARDOWN_SECONDS)
-        process.kill()
-        return process.wait(timeout=TEARDOWN_SECONDS)
-
-
 def run_driver(run_dir: str | Path) -> Decision:
     """Start the ranks, watch them, then finish, fail or requeue the job; returns what it did."""
     paths = RunPaths(Path(run_dir))
@@ -210,13 +107,13 @@ def run_driver(run_dir: str | Path) -> Decision:
                                             deadline, argv, spec.launch.stall_seconds))
     log.info("starting %d ranks: %s", allocation.world_size, " ".join(argv))
     process = subprocess.Popen(argv)
-    forwarder = _StopForwarder(process)
-    watch = _Watch(paths, allocation.world_size, spec.launch.stall_seconds,
+    forwarder = StopForwarder(process)
+    watch = Watch(paths, allocation.world_size, spec.launch.stall_seconds,
                    stop_grace(spec.slurm.signal_seconds), time.time())
     # The handlers stay until the outcome is recorded: our own requeue makes Slurm SIGTERM this
     # process at once, and the default action would end it before the `requeued` event.
     try:
-        returncode, stall = _supervise(process, forwarder, watch)
+        returncode, stall = supervise(process, forwarder, watch)
         if forwarder.reason:
             events.try_record(paths, events.stop_requested(forwarder.reason, "driver signal"))
         history = events.read(paths)
