@@ -98,7 +98,7 @@ NOW, LAUNCHED = 10_000.0, 9_000.0      # the run started 1000 s ago; launch.stal
 
 
 def test_health_names_a_frozen_rank_while_it_is_frozen():
-    # rank 1 stopped beating 40 s ago (silent after 3 beats of 10 s): stalled at once, though
+    # rank 1 stopped beating 40 s ago (silent after 3 beats of 5 s): stalled at once, though
     # rank 0 progressed a second ago.
     beats = {0: beat(0, 40, NOW - 1, NOW - 1), 1: beat(1, 40, NOW - 45, NOW - 40, host="n07")}
     frozen = assess(beats, NOW - 1, NOW, True, 600, world_size=2, launched=LAUNCHED)
@@ -108,10 +108,10 @@ def test_health_names_a_frozen_rank_while_it_is_frozen():
     assert frozen.stalled == [{"rank": 1, "host": "n07", "pid": 4241, "step": 40, "phase": "train",
                                "idle_seconds": 45.0,
                                "why": "no heartbeat for 40 s: the process is not running"}]
-    # It beats again (SIGCONT): no longer shown. A beat 20 s old is within three missed beats.
+    # It beats again (SIGCONT): no longer shown. A beat 12 s old is within three missed beats.
     thawed = {0: beats[0], 1: beat(1, 40, NOW - 1, NOW - 1)}
     assert assess(thawed, NOW - 1, NOW, True, 600, world_size=2, launched=LAUNCHED).message == "ok"
-    late = {0: beats[0], 1: beat(1, 40, NOW - 25, NOW - 20)}
+    late = {0: beats[0], 1: beat(1, 40, NOW - 17, NOW - 12)}
     assert assess(late, NOW - 1, NOW, True, 600, world_size=2, launched=LAUNCHED).ok
 
 
@@ -179,19 +179,19 @@ def test_read_beats_reads_this_runs_beats_in_the_new_format(tmp_path):
 def test_summarize_uses_the_runs_own_stall_bound_and_world(tmp_path):
     paths = RunPaths(tmp_path / "run")
     history = [events.stamped(events.submitted("7", "slurm", "h"), environ={}, now=LAUNCHED - 10),
-               events.stamped(events.started(["vm"], 2, None, [], 60.0), environ={}, now=LAUNCHED)]
-    # launch.stall_seconds=60: beats every 6 s, silent after 18 s; rank 1's is 20 s old
-    beats = {0: beat(0, 9, NOW - 1, NOW - 1), 1: beat(1, 9, NOW - 20, NOW - 20)}
+               events.stamped(events.started(["vm"], 2, None, [], 20.0), environ={}, now=LAUNCHED)]
+    # launch.stall_seconds=20: beats every 2 s, silent after 10 s; rank 1's is 12 s old
+    beats = {0: beat(0, 9, NOW - 1, NOW - 1), 1: beat(1, 9, NOW - 12, NOW - 12)}
     status = summarize(paths, history, [], beats, None, NOW)
     assert (status.state, status.job_id, status.world_size) == ("RUNNING", "7", 2)
     assert status.health.stalled_ranks == [1]
     history[1] = events.stamped(events.started(["vm"], 2, None, [], 300.0), environ={}, now=LAUNCHED)
-    assert summarize(paths, history, [], beats, None, NOW).health.ok     # silent after 30 s there
+    assert summarize(paths, history, [], beats, None, NOW).health.ok     # silent after 15 s there
     # Requeued, and Slurm shows the job RUNNING before the driver's next `started`: no ranks run
     # yet, so the last run's beats do not make a stall.
     from hpc_train.inspect.slurm_state import SlurmInfo
 
-    history[1] = events.stamped(events.started(["vm"], 2, None, [], 60.0), environ={}, now=LAUNCHED)
+    history[1] = events.stamped(events.started(["vm"], 2, None, [], 20.0), environ={}, now=LAUNCHED)
     history.append(events.stamped(events.requeued("SIGUSR2", events.CAUSE_STOP, "driver", "", 75, 9.0),
                                   environ={}, now=NOW - 5))
     between = summarize(paths, history, [], beats, None, NOW, SlurmInfo("RUNNING", "None", "squeue"))

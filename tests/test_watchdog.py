@@ -105,3 +105,15 @@ def test_heartbeat_dump_contains_the_main_threads_stack(tmp_path):
     assert out.returncode == 0, out.stderr
     assert STACK_DUMP_HEADER in out.stderr and "stuck_in_a_collective" in out.stderr
     assert out.stderr.count(STACK_DUMP_HEADER) == 1
+
+
+def test_a_rank_in_an_earlier_phase_of_the_same_step_is_the_one_waited_for():
+    now = 1200.0
+    beats = {0: beat(0, 12, 1100.0, now, "sync"), 1: beat(1, 12, 1099.0, now, "train"),
+             2: beat(2, 12, 1100.0, now, "sync")}
+    stall = find_stall(beats, 3, LAUNCH, now, STALL, INTERVAL)
+    assert [r.rank for r in stall.ranks] == [1] and "phase train of step 12" in stall.ranks[0].why
+    beats[1] = beat(1, 12, 1099.0, now, "data")                     # stuck fetching its batch
+    beats[0] = beat(0, 12, 1100.0, now, "train")                    # waiting in the all-reduce
+    stall = find_stall(beats, 3, LAUNCH, now, STALL, INTERVAL)
+    assert [r.rank for r in stall.ranks] == [1]

@@ -4,7 +4,8 @@ heartbeats (runtime/heartbeat.py) and the clock; the driver reads the files and 
 A stall is no rank progressing for `stall_seconds` (every rank waits at a collective for the
 one that is stuck, so nobody progresses). The ranks named are, in order of evidence:
   1. ranks that stopped beating altogether (frozen process, dead node) or never beat at all;
-  2. otherwise the ranks behind the others (a lower step);
+  2. otherwise the ranks behind the others: a lower step, or an earlier phase of the same step
+     (fetching data, computing, or waiting between steps: runtime/heartbeat.STEP_PHASES);
   3. otherwise every rank (all alive at the same step: a collective hang, no single culprit).
 """
 
@@ -14,7 +15,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 # The heartbeat format's reader lives next to its writer; re-exported for the driver.
-from hpc_train.runtime.heartbeat import Beat, parse_beat, read_beats
+from hpc_train.runtime.heartbeat import STEP_PHASES, Beat, parse_beat, read_beats
 
 __all__ = ["Beat", "Stall", "StalledRank", "culprits", "find_stall", "parse_beat",
            "process_state", "read_beats", "silent_after", "stop_ignored"]
@@ -81,15 +82,22 @@ def culprits(beats: dict[int, Beat], world_size: int, now: float, interval: floa
     if any(b.step > low for b in beats.values()):
         return tuple(named(r, f"behind the others at step {b.step}")
                      for r, b in sorted(beats.items()) if b.step == low)
+    phases = {b.phase for b in beats.values()}
+    if len(phases) > 1 and phases <= set(STEP_PHASES):
+        first = min(phases, key=STEP_PHASES.index)
+        return tuple(named(r, f"still in phase {first} of step {low} while the others wait for it "
+                              "further on")
+                     for r, b in sorted(beats.items()) if b.phase == first)
     return tuple(named(r, "alive but not progressing (all ranks at the same step)")
                  for r in sorted(beats))
 
 
 def stop_ignored(beats: dict[int, Beat], world_size: int, now: float, signalled_at: float,
                  grace: float, interval: float, launched: float) -> Stall | None:
-    """A forwarded stop that the ranks have not obeyed (exited) within `grace` seconds."""
+    """A forwarded stop that the ranks have not obeyed (exited) within `grace` seconds. Judged
+    no sooner than two beats after the stop, so every live rank's beat says where it waits."""
     waited = now - signalled_at
-    if waited < grace:
+    if waited < max(grace, 2 * interval):
         return None
     return Stall(f"the ranks did not stop within {grace:g} s of the forwarded stop", waited,
                  culprits(beats, world_size, now, interval, launched))

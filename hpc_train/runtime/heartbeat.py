@@ -30,12 +30,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 STACK_DUMP_HEADER = "hpc_train watchdog: no progress"
+# The phases of one training step, in the order a rank goes through them: fetching the batch,
+# forward/backward/optimizer (gradient collectives included), then the collectives between
+# steps (logged loss, stop agreement, evaluation totals). A rank in an earlier phase of the same
+# step than the others is the one they wait for. They change several times a step: in memory only.
+STEP_PHASES = ("data", "train", "sync")
 
 
 def beat_interval(stall_seconds: float) -> float:
     """Often enough to tell a frozen rank well within the stall bound, rarely enough for a
     shared file system with thousands of ranks."""
-    return min(10.0, max(1.0, stall_seconds / 10))
+    return min(5.0, max(1.0, stall_seconds / 10))
 
 
 class Heartbeat:
@@ -61,8 +66,10 @@ class Heartbeat:
             self.step = step
         self.progress_time = self.clock()
         if phase is not None and phase != self.phase:
+            rare = not (phase in STEP_PHASES and self.phase in STEP_PHASES)
             self.phase = phase
-            self.write()
+            if rare:
+                self.write()
 
     def record(self) -> dict:
         return {"rank": self.rank, "host": socket.gethostname(), "pid": os.getpid(),

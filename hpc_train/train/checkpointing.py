@@ -121,6 +121,7 @@ class Checkpointing:
         """(stop reason, time-based save due), the same on every rank."""
         minutes = self.config.every_minutes
         due = minutes is not None and time.monotonic() - self.last_save_time >= 60 * minutes
+        self.trainer.heartbeat.progress(phase="sync")
         local = one_hot(self.stop.local_code()) + [1.0 if due and self.trainer.identity.is_main else 0.0]
         summed = self.trainer.backend.allreduce_sum(torch.tensor(local)).tolist()
         return agreed_reason(summed[:-1]), summed[-1] > 0

@@ -171,10 +171,11 @@ class Trainer:
                 break
             # The step this rank works on: a rank stuck between steps stays behind the others,
             # which wait for it inside the next one (the watchdog names it that way).
-            self.heartbeat.progress(step=self.step + 1, phase="train")
+            self.heartbeat.progress(step=self.step + 1, phase="data")
             fetch_start = time.perf_counter()
             micro_batches = next(steps)
             data_seconds = time.perf_counter() - fetch_start
+            self.heartbeat.progress(phase="train")
             lr = self.schedule.apply(self.optimizer, self.step)
             loss, applied = self.train_step(micro_batches)
             self.step += 1
@@ -202,6 +203,7 @@ class Trainer:
 
     def _log(self, epoch: int, lr: float, window: Window) -> None:
         # One small collective per logged step: the mean loss over all ranks.
+        self.heartbeat.progress(phase="sync")
         summed = self.backend.allreduce_sum(torch.tensor(self.loss_terms(window)))
         elapsed = window.elapsed()
         if not self.identity.is_main:
@@ -234,6 +236,7 @@ class Trainer:
 
     def record_evaluation(self, epoch: int, totals: torch.Tensor, accuracy_name: str = "accuracy") -> None:
         """Sum this rank's (loss sum, correct, count) over all ranks; rank 0 writes the val line."""
+        self.heartbeat.progress(phase="sync")
         totals = self.backend.allreduce_sum(totals)
         if self.identity.is_main and totals[2] > 0:
             record = {"time": time.time(), "step": self.step, "epoch": epoch, "split": "val",
