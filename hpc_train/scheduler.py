@@ -70,14 +70,20 @@ def job_end_time(job_id: str, environ) -> float | None:
     return parse_slurm_time(out.stdout) if out.ok else None
 
 
-def scontrol_requeue(job_id: str, attempts: int = 3) -> tuple[bool, str]:
-    """`scontrol requeue`, tried `attempts` times: (accepted, what scontrol said)."""
+def requeue(job_id: str, restart: int, attempts: int = 3) -> tuple[str | None, str]:
+    """`scontrol requeue`, tried `attempts` times: (who requeued the job, what happened); who is
+    "driver" (our scontrol was accepted), "slurm" (refused, but the job's restart count shows
+    that Slurm requeued it meanwhile: scontrol then says "Job is pending execution"), or None.
+    restart: this run's SLURM_RESTART_COUNT."""
     detail = ""
     for attempt in range(attempts):
         out = _proc.run(["scontrol", "requeue", job_id], timeout=30)
         if out.ok:
-            return True, "scontrol requeue accepted"
+            return "driver", "scontrol requeue accepted"
         detail = (out.stderr or out.stdout).strip() or f"scontrol requeue exit {out.returncode}"
+        job = show_job(job_id)
+        if job is not None and job.restarts > restart:
+            return "slurm", f"requeued already (Restarts={job.restarts}); scontrol said: {detail}"
         if attempt + 1 < attempts:
             time.sleep(1 + attempt)
-    return False, detail
+    return None, detail

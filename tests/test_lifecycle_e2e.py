@@ -205,7 +205,9 @@ def test_smoke_job_stopped_three_ways_ends_bit_identical(backend, jobs, slurm_cl
     assert (requeued[0]["cause"], requeued[0]["by"]) == ("stop", "driver"), requeued
     assert 1 not in requeued or requeued[1]["by"] == "slurm", requeued
     # TERM reaches the ranks and mpirun alike: the ranks may save first (stop) or be aborted.
-    assert requeued[2]["by"] == "driver" and requeued[2]["cause"] in ("stop", "interrupted")
+    # The driver requeues; seen here once, Slurm had requeued the job just before it (scontrol
+    # then refuses with "pending execution"): recorded as Slurm's, never as a failure.
+    assert requeued[2]["by"] in ("driver", "slurm") and requeued[2]["cause"] in ("stop", "interrupted")
     assert "REQUEUED" in subprocess.run(["sacct", "-D", "-X", "-n", "-P", "-j", job.job_id, "-o", "State"],
                                         capture_output=True, text=True, timeout=30).stdout
     assert events(paths, "finished")[-1]["status"] == "completed"

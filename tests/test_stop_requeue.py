@@ -108,3 +108,31 @@ def test_parse_show_job():
 def test_parse_slurm_time():
     assert parse_slurm_time("N/A") is None
     assert parse_slurm_time("2026-11-29T17:05:00\n") is not None
+
+
+def _fake_scontrol(tmp_path, monkeypatch, restarts: int) -> None:
+    """An scontrol that refuses `requeue` and shows the job with `restarts` restarts."""
+    script = tmp_path / "scontrol"
+    script.write_text("#!/bin/sh\n"
+                      'if [ "$1" = requeue ]; then echo "Job is pending execution for job 5" >&2; exit 1; fi\n'
+                      f'echo "JobId=5 JobState=PENDING Reason=BeginTime Requeue=1 Restarts={restarts}"\n')
+    script.chmod(0o755)
+    import os
+
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+
+
+def test_a_refused_requeue_that_slurm_did_anyway_counts_as_requeued(tmp_path, monkeypatch):
+    from hpc_train import scheduler
+
+    _fake_scontrol(tmp_path, monkeypatch, restarts=3)
+    by, detail = scheduler.requeue("5", restart=2, attempts=2)
+    assert by == "slurm" and "Restarts=3" in detail and "pending execution" in detail
+
+
+def test_a_refused_requeue_is_reported_with_scontrols_words(tmp_path, monkeypatch):
+    from hpc_train import scheduler
+
+    _fake_scontrol(tmp_path, monkeypatch, restarts=2)
+    by, detail = scheduler.requeue("5", restart=2, attempts=2)
+    assert by is None and detail == "Job is pending execution for job 5"

@@ -149,8 +149,8 @@ def _carry_out(decision: Decision, paths: RunPaths, environ, restart: int, end: 
         path = requeue_path(scheduler.show_job(job_id), restart)
         detail = "Slurm requeued the job already"
         if path == "driver":
-            accepted, detail = scheduler.scontrol_requeue(job_id)
-            if not accepted:
+            path, detail = scheduler.requeue(job_id, restart)
+            if path is None:
                 decision = Decision("failed", f"{decision.reason}; but scontrol requeue failed: "
                                               f"{detail}. Continue with `python -m hpc_train "
                                               f"resume {paths.root}`")
