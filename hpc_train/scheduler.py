@@ -18,6 +18,8 @@ from hpc_train import _proc
 ACTIVE_STATES = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED", "REQUEUE_HOLD",
                  "REQUEUE_FED", "RESIZING", "SUSPENDED", "STAGE_OUT", "SIGNALING", "STOPPED",
                  "RESV_DEL_HOLD", "SPECIAL_EXIT")
+# scontrol's words (ESLURM_JOB_PENDING) for a job that Slurm has put back in the queue already.
+ALREADY_PENDING = "Job is pending execution"
 _FIELD = re.compile(r"(?:^|\s)([A-Za-z:/_]+)=(\S*)")
 
 
@@ -72,8 +74,8 @@ def job_end_time(job_id: str, environ) -> float | None:
 
 def requeue(job_id: str, restart: int, attempts: int = 3) -> tuple[str | None, str]:
     """`scontrol requeue`, tried `attempts` times: (who requeued the job, what happened); who is
-    "driver" (our scontrol was accepted), "slurm" (refused, but the job's restart count shows
-    that Slurm requeued it meanwhile: scontrol then says "Job is pending execution"), or None.
+    "driver" (our scontrol was accepted), "slurm" (refused because Slurm requeued the job
+    meanwhile: its restart count went up, or scontrol says it is pending), or None.
     restart: this run's SLURM_RESTART_COUNT."""
     detail = ""
     for attempt in range(attempts):
@@ -82,8 +84,8 @@ def requeue(job_id: str, restart: int, attempts: int = 3) -> tuple[str | None, s
             return "driver", "scontrol requeue accepted"
         detail = (out.stderr or out.stdout).strip() or f"scontrol requeue exit {out.returncode}"
         job = show_job(job_id)
-        if job is not None and job.restarts > restart:
-            return "slurm", f"requeued already (Restarts={job.restarts}); scontrol said: {detail}"
+        if (job is not None and job.restarts > restart) or ALREADY_PENDING in detail:
+            return "slurm", f"requeued already; scontrol said: {detail}"
         if attempt + 1 < attempts:
             time.sleep(1 + attempt)
     return None, detail

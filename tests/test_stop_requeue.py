@@ -110,12 +110,12 @@ def test_parse_slurm_time():
     assert parse_slurm_time("2026-11-29T17:05:00\n") is not None
 
 
-def _fake_scontrol(tmp_path, monkeypatch, restarts: int) -> None:
+def _fake_scontrol(tmp_path, monkeypatch, restarts: int, refusal: str) -> None:
     """An scontrol that refuses `requeue` and shows the job with `restarts` restarts."""
     script = tmp_path / "scontrol"
     script.write_text("#!/bin/sh\n"
-                      'if [ "$1" = requeue ]; then echo "Job is pending execution for job 5" >&2; exit 1; fi\n'
-                      f'echo "JobId=5 JobState=PENDING Reason=BeginTime Requeue=1 Restarts={restarts}"\n')
+                      f'if [ "$1" = requeue ]; then echo "{refusal}" >&2; exit 1; fi\n'
+                      f'echo "JobId=5 JobState=RUNNING Reason=None Requeue=1 Restarts={restarts}"\n')
     script.chmod(0o755)
     import os
 
@@ -125,14 +125,17 @@ def _fake_scontrol(tmp_path, monkeypatch, restarts: int) -> None:
 def test_a_refused_requeue_that_slurm_did_anyway_counts_as_requeued(tmp_path, monkeypatch):
     from hpc_train import scheduler
 
-    _fake_scontrol(tmp_path, monkeypatch, restarts=3)
+    _fake_scontrol(tmp_path, monkeypatch, restarts=3, refusal="Requested operation not supported")
     by, detail = scheduler.requeue("5", restart=2, attempts=2)
-    assert by == "slurm" and "Restarts=3" in detail and "pending execution" in detail
+    assert by == "slurm" and "not supported" in detail
+    _fake_scontrol(tmp_path, monkeypatch, restarts=2, refusal="Job is pending execution for job 5")
+    by, detail = scheduler.requeue("5", restart=2, attempts=2)
+    assert by == "slurm" and "pending execution" in detail
 
 
 def test_a_refused_requeue_is_reported_with_scontrols_words(tmp_path, monkeypatch):
     from hpc_train import scheduler
 
-    _fake_scontrol(tmp_path, monkeypatch, restarts=2)
+    _fake_scontrol(tmp_path, monkeypatch, restarts=2, refusal="Access/permission denied")
     by, detail = scheduler.requeue("5", restart=2, attempts=2)
-    assert by is None and detail == "Job is pending execution for job 5"
+    assert by is None and detail == "Access/permission denied"
