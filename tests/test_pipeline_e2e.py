@@ -65,7 +65,7 @@ def test_the_pipeline_job_stops_saves_requeues_and_resumes_where_it_stopped(runs
     stops = events(paths, "stop_saved")
     assert [e["reason"] for e in stops] == ["SIGUSR2"], describe_failure(paths)
     assert stops[0]["step"] >= STOP_AT_STEP
-    assert events(paths, "requeued")[0]["by_driver"] is True
+    assert (events(paths, "requeued")[0]["by"], events(paths, "requeued")[0]["cause"]) == ("driver", "stop")
     assert events(paths, "resumed")[0]["from_checkpoint"] == stops[0]["step"]
     assert [e["restart"] for e in events(paths, "started")] == [0, 1]
     assert events(paths, "finished")[-1]["status"] == "completed"
