@@ -89,11 +89,12 @@ def _render(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from hpc_train.rundir import RunPaths
-    from hpc_train.slurm.render import DEFAULT_TEMPLATE, render_script
+    from hpc_train.slurm.render import load_template, render_script
     from hpc_train.spec import dump_spec_yaml
 
     spec = _load_for_submission(args)
-    template = Path(args.template).read_text() if args.template else DEFAULT_TEMPLATE
+    # Checked before the run directory exists: a bad template leaves nothing behind.
+    template = load_template(args.template)
     # The script needs a run directory holding the resolved spec, like a submitted job.
     paths = RunPaths.new(spec.run.root, spec.run.name)
     paths.spec.write_text(dump_spec_yaml(spec))
@@ -163,14 +164,14 @@ def build_parser() -> argparse.ArgumentParser:
     _add_spec_arguments(render)
     render.add_argument("-o", "--output", required=True, metavar="FILE", help="script to write")
     render.add_argument("--template", metavar="FILE",
-                        help="your site's sbatch template with {sbatch_directives}, {setup}, "
-                        "{driver_command}, {run_dir}, {job_name} placeholders")
+                        help="your site's sbatch template with the placeholders {sbatch_directives}, "
+                        "{setup}, {driver_command} (required), {run_dir} and {job_name}")
     render.set_defaults(handler=_render)
 
     # Command groups that live beside their code; these modules import nothing heavy.
     from hpc_train.bench.cli import register as register_bench
     from hpc_train.data.cli import register as register_data
-    from hpc_train.inspect.cli import register as register_inspect
+    from hpc_train.inspection.cli import register as register_inspect
 
     register_data(commands)
     register_bench(commands)

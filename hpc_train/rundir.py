@@ -9,9 +9,21 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
+
+EVENTS_FILE = "events.jsonl"
+# sbatch's --output of a rendered script; sbatch puts the job id in place of %j.
+SLURM_OUTPUT = "slurm-%j.out"
+# The names `RunPaths.rank_log` gives, as `logs` and `diagnose` read them back.
+RANK_LOG = re.compile(r"rank-(\d+)\.log")
+HEARTBEAT_GLOB = "rank-*"       # heartbeat/ files, one per rank (see RunPaths.rank_heartbeat)
+
+
+def _rank_name(rank: int) -> str:
+    return f"rank-{rank:05d}"
 
 
 @dataclass(frozen=True)
@@ -32,7 +44,7 @@ class RunPaths:
 
     @property
     def events(self) -> Path:
-        return self.root / "events.jsonl"
+        return self.root / EVENTS_FILE
 
     @property
     def metrics(self) -> Path:
@@ -50,11 +62,16 @@ class RunPaths:
     def checkpoints(self) -> Path:
         return self.root / "checkpoints"
 
+    def slurm_output(self, job_id: str = "%j") -> Path:
+        """A rendered script's batch output: sbatch's --output pattern, or one job's file
+        (`job_id="*"` for a glob of every job's)."""
+        return self.root / SLURM_OUTPUT.replace("%j", job_id)
+
     def rank_log(self, rank: int) -> Path:
-        return self.logs / f"rank-{rank:05d}.log"
+        return self.logs / f"{_rank_name(rank)}.log"
 
     def rank_heartbeat(self, rank: int) -> Path:
-        return self.heartbeat / f"rank-{rank:05d}"
+        return self.heartbeat / _rank_name(rank)
 
     def make_dirs(self) -> None:
         for path in (self.root, self.logs, self.heartbeat, self.checkpoints, self.submitit):

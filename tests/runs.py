@@ -140,3 +140,40 @@ def rank_results(out_dir: Path, ranks: int) -> list[dict]:
     results.sort(key=lambda r: r["rank"])
     assert [r["rank"] for r in results] == list(range(ranks)), results
     return results
+
+
+def schema_problems(document, schema: dict) -> list[str]:
+    """Where `document` breaks the JSON schema `schema` (draft 2020-12); [] when it conforms."""
+    from jsonschema import Draft202012Validator
+
+    return [f"{'/'.join(map(str, e.absolute_path)) or '$'}: {e.message}"
+            for e in Draft202012Validator(schema).iter_errors(document)]
+
+
+def check_golden(name: str, text: str) -> None:
+    """`text` equals tests/golden/NAME; UPDATE_GOLDEN=1 rewrites the file after a deliberate change."""
+    path = REPO / "tests" / "golden" / name
+    if os.environ.get("UPDATE_GOLDEN") == "1":
+        path.write_text(text)
+    assert text == path.read_text()
+
+
+def assert_identical(a, b, path="state"):
+    """Nested dicts/lists of tensors and plain values are equal, tensors bit for bit."""
+    import torch
+
+    if isinstance(a, torch.Tensor):
+        assert torch.equal(a, b), path
+    elif isinstance(a, dict):
+        assert a.keys() == b.keys(), path
+        for key in a:
+            assert_identical(a[key], b[key], f"{path}.{key}")
+    elif isinstance(a, list | tuple):
+        assert len(a) == len(b), path
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_identical(x, y, f"{path}[{i}]")
+    else:
+        assert a == b, path
+
+
+BAD_SPECS = sorted((REPO / "tests" / "specs_bad").glob("*.yaml"))

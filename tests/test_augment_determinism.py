@@ -83,7 +83,7 @@ def test_resumed_epoch_equals_the_tail_of_the_uninterrupted_one(shards):
     uninterrupted = list(train)
     done = 3                                                # batches trained before the stop
     state = train.sampler.state_dict(train.sampler.consumed_after(done))
-    # Resumed on 2 ranks of 2 samples (same global batch of 4), each with 2 persistent workers.
+    # Resumed on 2 ranks of 2 samples (same 4 samples per pass), each with 2 persistent workers.
     ranks = []
     for rank in range(2):
         resumed, _ = loaders(shards, workers=2, batch=2, rank=rank, world=2)

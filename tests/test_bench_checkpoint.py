@@ -7,6 +7,7 @@ import pytest
 from tests.runs import cli
 
 
+@pytest.mark.slow
 def test_bench_checkpoint_reports_ours_and_baselines(tmp_path):
     out = cli("bench", "checkpoint", "--model", "resnet_tiny", "--rounds", "2", "--dir", str(tmp_path),
               "--json")

@@ -258,6 +258,7 @@ def test_at_most_max_open_files_stay_open(jpeg_dir):
     assert not ds._open
 
 
+@pytest.mark.slow
 def test_bench_data_measures_every_configuration(tmp_path, capsys):
     from hpc_train.cli import main
 

@@ -12,19 +12,18 @@ import pytest
 
 from hpc_train import events
 from hpc_train.bench.inspect import make_run
-from hpc_train.inspect import logs
-from hpc_train.inspect.health import assess, stalled_now
-from hpc_train.inspect.logparse import run_index, stack_dump, stamp_time, timed_lines, tracebacks
-from hpc_train.inspect.runstate import read_beats, step_rate, summarize, throughput, total_steps
-from hpc_train.inspect.slurm_state import parse_sacct, parse_squeue
+from hpc_train.inspection import logs
+from hpc_train.inspection.health import assess, stalled_now
+from hpc_train.inspection.logparse import run_index, stack_dump, stamp_time, timed_lines, tracebacks
+from hpc_train.inspection.runstate import read_beats, step_rate, summarize, throughput, total_steps
+from hpc_train.inspection.slurm_state import parse_sacct, parse_squeue
 from hpc_train.job import watchdog
 from hpc_train.rundir import RunPaths, read_jsonl
 from hpc_train.runtime import heartbeat
 from hpc_train.runtime.faults import Fault, parse_fault
 from hpc_train.runtime.heartbeat import STACK_DUMP_HEADER, Beat, beat_interval
 from tests.conftest import REPO
-from tests.jsonschema_mini import validate
-from tests.runs import cli
+from tests.runs import cli, schema_problems
 
 
 def test_timestamps_carry_to_continuation_lines_and_tracebacks_are_blocks():
@@ -189,7 +188,7 @@ def test_summarize_uses_the_runs_own_stall_bound_and_world(tmp_path):
     assert summarize(paths, history, [], beats, None, NOW).health.ok     # silent after 15 s there
     # Requeued, and Slurm shows the job RUNNING before the driver's next `started`: no ranks run
     # yet, so the last run's beats do not make a stall.
-    from hpc_train.inspect.slurm_state import SlurmInfo
+    from hpc_train.inspection.slurm_state import SlurmInfo
 
     history[1] = events.stamped(events.started(["vm"], 2, None, [], 20.0), environ={}, now=LAUNCHED)
     history.append(events.stamped(events.requeued("SIGUSR2", events.CAUSE_STOP, "driver", "", 75, 9.0),
@@ -263,13 +262,13 @@ def test_status_json_validates_against_the_documented_schema(synthetic):
     assert out.returncode == 0, out.stderr
     document = json.loads(out.stdout)
     schema = json.loads((REPO / "docs/status-schema.json").read_text())
-    assert validate(document, schema) == []
+    assert schema_problems(document, schema) == []
     run = document["runs"][0]
     assert (run["state"], run["requeues"], run["requeue_reasons"]) == ("COMPLETED", 1, ["SIGUSR2"])
     assert (run["step"], run["total_steps"], run["checkpoint_step"]) == (2000, 2000, 2000)
     assert run["efficiency"] == pytest.approx(1.0)      # its own per-rank mean as the baseline
     broken = dict(run, state=7)
-    assert validate({"runs": [broken]}, schema)
+    assert schema_problems({"runs": [broken]}, schema)
 
 
 def test_status_plain_when_piped_and_all_lists_runs(synthetic):
@@ -304,7 +303,7 @@ def test_status_running_run_has_eta_and_diagnosis_for_a_failure(tmp_path):
 def test_plot_has_four_panels_and_writes_a_png(synthetic, tmp_path):
     from PIL import Image
 
-    from hpc_train.inspect.plot import plot_run
+    from hpc_train.inspection.plot import plot_run
 
     figure = plot_run(synthetic, tmp_path / "run.png")
     assert len(figure.axes) == 4
@@ -342,7 +341,7 @@ def test_status_shows_a_frozen_rank_of_a_running_run_and_validates(tmp_path):
     out = cli("status", str(paths.root), "--json", "--no-slurm")
     assert out.returncode == 0, out.stderr
     document = json.loads(out.stdout)
-    assert validate(document, json.loads((REPO / "docs/status-schema.json").read_text())) == []
+    assert schema_problems(document, json.loads((REPO / "docs/status-schema.json").read_text())) == []
     run = document["runs"][0]
     assert run["state"] == "RUNNING" and run["health"]["stalled_ranks"] == [1]
     [stalled] = run["health"]["stalled"]

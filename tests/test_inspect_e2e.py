@@ -22,13 +22,12 @@ from pathlib import Path
 
 import pytest
 
-from hpc_train.inspect.diagnose import diagnose
+from hpc_train.inspection.diagnose import diagnose
 from hpc_train.launch.mpi import local_run_flags, parse_mpirun_version
 from hpc_train.rundir import RunPaths, append_jsonl
 from hpc_train.runtime.stop import STOP_EXIT
 from tests.conftest import REPO
-from tests.jsonschema_mini import validate
-from tests.runs import cli, describe_failure, drive, events, local_run, submit
+from tests.runs import cli, describe_failure, drive, events, local_run, schema_problems, submit
 
 pytestmark = [pytest.mark.mpi, pytest.mark.horovod, pytest.mark.slow]
 
@@ -274,7 +273,7 @@ def test_a_truncated_shard_is_named_by_diagnose(tmp_path):
     assert [s["file"] for s in json.loads(out.stdout)["signatures"] if s["id"] == "corrupt_shard"] == [str(victim)]
     status = status_json(paths.root, "--no-slurm")
     assert status["state"] == "FAILED" and str(victim) in status["diagnosis"]["first_failure"]["exception"]
-    assert validate({"runs": [status]}, json.loads((REPO / "docs/status-schema.json").read_text())) == []
+    assert schema_problems({"runs": [status]}, json.loads((REPO / "docs/status-schema.json").read_text())) == []
 
 
 def test_a_deliberate_stop_is_not_a_failed_rank(tmp_path):

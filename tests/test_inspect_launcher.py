@@ -14,17 +14,16 @@ import time
 import pytest
 
 from hpc_train import events
-from hpc_train.inspect.diagnose import Failure, diagnose, silent_failure
-from hpc_train.inspect.launcher import RankExit, exit_hint, rank_exits
-from hpc_train.inspect.logparse import Line, Traceback, stamp_time
-from hpc_train.inspect.render import diagnosis_text
-from hpc_train.inspect.slurm_state import SlurmInfo
+from hpc_train.inspection.diagnose import Failure, diagnose, silent_failure
+from hpc_train.inspection.launcher import RankExit, exit_hint, rank_exits
+from hpc_train.inspection.logparse import Line, Traceback, stamp_time
+from hpc_train.inspection.render import diagnosis_text
+from hpc_train.inspection.slurm_state import SlurmInfo
 from hpc_train.rundir import RunPaths, append_jsonl
 from hpc_train.runtime.heartbeat import STACK_DUMP_HEADER
 from hpc_train.runtime.stop import STOP_EXIT
 from tests.conftest import REPO
-from tests.jsonschema_mini import validate
-from tests.runs import cli
+from tests.runs import cli, schema_problems
 
 STARTING = ("2026-11-29 20:49:44,092 driver INFO starting 2 ranks: /usr/bin/mpirun -np 2 -H vm:2 "
             "-x HPC_TRAIN_FAULT=exit:1:3 /work/main/.venv/bin/python -m hpc_train.job.worker /runs/x")
@@ -142,7 +141,7 @@ def test_status_json_with_a_launcher_report_validates_against_the_schema(tmp_pat
     out = cli("status", str(paths.root), "--json", "--no-slurm")
     assert out.returncode == 0, out.stderr
     document = json.loads(out.stdout)
-    assert validate(document, json.loads((REPO / "docs/status-schema.json").read_text())) == []
+    assert schema_problems(document, json.loads((REPO / "docs/status-schema.json").read_text())) == []
     assert document["runs"][0]["diagnosis"]["found_by"] == "mpirun"
 
 

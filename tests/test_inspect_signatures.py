@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from hpc_train.inspect.signatures import SIGNATURES, match_signatures, missing_ranks
+from hpc_train.inspection.signatures import SIGNATURES, match_signatures, missing_ranks
 
 SAMPLES = Path(__file__).parent / "samples"
 

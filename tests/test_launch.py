@@ -1,25 +1,12 @@
 """Allocation parsing and the mpirun argv, against golden files (tests/golden/)."""
 
-import os
 
 import pytest
 
 from hpc_train.launch.allocation import (Allocation, allocation_from_slurm, expand_hostlist,
                                          expand_tasks_per_node)
 from hpc_train.launch.argv import LaunchPlan, mpirun_argv
-from tests.conftest import REPO
-
-GOLDEN = REPO / "tests/golden"
-
-
-def check_golden(name: str, argv: list[str]) -> None:
-    """One argument per line; UPDATE_GOLDEN=1 rewrites the file after a deliberate change."""
-    path = GOLDEN / name
-    text = "\n".join(argv) + "\n"
-    if os.environ.get("UPDATE_GOLDEN") == "1":
-        path.write_text(text)
-    assert text == path.read_text()
-
+from tests.runs import check_golden
 
 @pytest.mark.parametrize("nodelist, hosts", [
     ("vm", ["vm"]),
@@ -55,7 +42,8 @@ PLAN = dict(
 
 @pytest.mark.parametrize("flavour", ["openmpi", "mpich", "intel"])
 def test_mpirun_argv_golden(flavour):
-    check_golden(f"mpirun_{flavour}.txt", mpirun_argv(LaunchPlan(flavour=flavour, **PLAN)))
+    # One argument per line.
+    check_golden(f"mpirun_{flavour}.txt", "\n".join(mpirun_argv(LaunchPlan(flavour=flavour, **PLAN))) + "\n")
 
 
 def test_openmpi_as_root_and_values_stay_single_arguments():

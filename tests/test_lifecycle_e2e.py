@@ -29,8 +29,7 @@ import pytest
 
 from hpc_train.checkpoint import layout
 from hpc_train.rundir import RunPaths, read_jsonl
-from tests.runs import cli, describe_failure, events, submit
-from tests.test_resume_exact import assert_identical
+from tests.runs import assert_identical, cli, describe_failure, events, submit
 
 pytestmark = [pytest.mark.slurm, pytest.mark.mpi, pytest.mark.horovod, pytest.mark.slow]
 

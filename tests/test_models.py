@@ -1,14 +1,21 @@
-"""ResNet family: torchvision's parameter counts and key names, shapes, init options, registry.
+"""ResNet family: torchvision's parameter counts and key names, shapes, init options; the
+registry and its torch-free catalog of names and options.
 
 The big models are built on the meta device: counts and key names need no memory or init time.
 """
 
 from __future__ import annotations
 
+import importlib
+import inspect
+import subprocess
+import sys
+
 import pytest
 import torch
 
 from hpc_train.models import MODEL_NAMES, build_model
+from hpc_train.models.catalog import MODELS, GptOptions
 from hpc_train.models.resnet import BasicBlock, Bottleneck, ResNet, resnet_tiny
 
 # torchvision.models.resnetXX(num_classes=1000): sum(p.numel() for p in m.parameters())
@@ -23,7 +30,7 @@ TORCHVISION_PARAMS = {
 
 def _meta(name: str, **options):
     with torch.device("meta"):
-        return build_model(name, 1000, **options)
+        return build_model(name, 1000, options)
 
 
 @pytest.mark.parametrize("name", sorted(TORCHVISION_PARAMS))
@@ -127,7 +134,8 @@ def test_zero_init_residual_zeroes_last_bn_of_each_block(block, last_bn):
 
 
 def test_build_model_options_pass_through():
-    model = build_model("resnet_tiny", 3, width=4, layers=(1, 2, 1, 1), zero_init_residual=True)
+    model = build_model("resnet_tiny", 3, {"width": 4, "layers": [1, 2, 1, 1],
+                                           "zero_init_residual": True})
     assert len(model.layer2) == 2 and model.fc.in_features == 32 and model.fc.out_features == 3
     assert torch.all(model.layer1[0].bn2.weight == 0)
 
@@ -139,6 +147,32 @@ def test_registry_names_and_errors():
         build_model("resnet51", 10)
     assert "Did you mean 'resnet50'" in str(err.value)
     with pytest.raises(ValueError, match="valid options"):
-        build_model("resnet18", 10, width=8)
+        build_model("resnet18", 10, {"width": 8})
     with pytest.raises(ValueError, match="num_classes"):
         build_model("resnet18", 0)
+
+
+def test_the_catalog_is_read_without_torch():
+    code = ("import sys, hpc_train.models, hpc_train.models.catalog; "
+            "print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "False", out.stderr
+
+
+@pytest.mark.parametrize("name", MODEL_NAMES)
+def test_builders_take_their_options_from_the_catalog_only(name):
+    module, function = MODELS[name].builder.split(":")
+    builder = getattr(importlib.import_module(module), function)
+    parameters = inspect.signature(builder).parameters
+    # No option of its own, so no default written a second time: all go through **options.
+    assert not set(parameters) & set(MODELS[name].option_names)
+    assert any(p.kind is p.VAR_KEYWORD for p in parameters.values())
+    with torch.device("meta"):
+        build_model(name, 10, **({"seq_len": 8} if name == "gpt" else {}))
+
+
+def test_gpt_depth_and_width_come_from_the_catalog():
+    default = build_model("gpt", 256, seq_len=8)
+    assert len(default) == GptOptions().layers + 2
+    assert default[0].tokens.embedding_dim == GptOptions().dim
+    assert len(build_model("gpt", 256, {"layers": 1, "dim": 8, "heads": 2}, seq_len=8)) == 3

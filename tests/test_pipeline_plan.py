@@ -3,7 +3,6 @@ and the submit-time rules of pipeline specs."""
 
 from __future__ import annotations
 
-import inspect
 import itertools
 
 import pytest
@@ -11,7 +10,7 @@ import pytest
 from hpc_train.parallel.pipeline.balance import balance_blocks, bubble_fraction, stage_bounds, stage_costs
 from hpc_train.parallel.pipeline.layout import PipelineLayout
 from hpc_train.spec import spec_from_dict
-from hpc_train.spec.pipeline_rules import GPT_DEFAULT_LAYERS
+from hpc_train.spec.pipeline_rules import gpt_blocks
 from hpc_train.spec.problems import SpecInvalid
 
 
@@ -94,15 +93,18 @@ def test_agreed_scaler_halves_on_overflow_and_grows_after_good_steps():
     assert AgreedLossScaler("bf16").loss_scale is None
 
 
-def test_rules_know_the_gpt_builders_default_depth():
-    from hpc_train.models.gpt import gpt
+def test_rules_count_the_blocks_the_builder_makes():
+    from hpc_train.models import build_model
 
-    assert inspect.signature(gpt).parameters["layers"].default == GPT_DEFAULT_LAYERS
+    for options in ({}, {"layers": 2}):      # the catalog's default depth, and a given one
+        spec = spec_from_dict({"run": {"name": "t"}, "data": {"kind": "text"},
+                               "model": {"name": "gpt", "options": options}})
+        assert gpt_blocks(spec) == len(build_model("gpt", 256, options, seq_len=8))
 
 
 def pipeline_spec(**pipeline):
     return {"run": {"name": "t"}, "slurm": {"tasks_per_node": 4},
-            "data": {"kind": "text", "num_classes": 256, "batch_size": 16},
+            "data": {"kind": "text", "vocab_size": 256, "batch_size": 16},
             "model": {"name": "gpt", "options": {"layers": 4}},
             "parallel": {"pipeline": pipeline}}
 
@@ -110,7 +112,7 @@ def pipeline_spec(**pipeline):
 def test_a_valid_pipeline_spec_and_its_batch_arithmetic():
     spec = spec_from_dict(pipeline_spec(stages=2, microbatches=8, schedule="1f1b", balance=[3, 3]))
     assert spec.replicas == 2 and spec.uses_pipeline
-    assert spec.global_batch == 16 * 2          # per replica x replicas, not x ranks
+    assert spec.samples_per_step == 16 * 2      # per replica x replicas, not x ranks
 
 
 @pytest.mark.parametrize("pipeline, key", [

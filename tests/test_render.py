@@ -1,4 +1,5 @@
-"""sbatch text: the rendered standalone script and submitit's script, against golden files."""
+"""sbatch text: the rendered standalone script and submitit's script, made from the same parts
+(against golden files), and the checks on a site's template."""
 
 from __future__ import annotations
 
@@ -7,40 +8,108 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import submitit
 
+from hpc_train.cli import main
+from hpc_train.errors import SpecError, SubmitError
 from hpc_train.rundir import RunPaths
-from hpc_train.slurm.options import sbatch_options
 from hpc_train.slurm.render import fill_template, render_script
+from hpc_train.slurm.script import sbatch_options
 from hpc_train.slurm.submit import planned_script
+from hpc_train.slurm.submitit_private import PRIVATE, private_method
 from hpc_train.spec import load_spec
 from tests.conftest import REPO
-from tests.test_launch import check_golden
+from tests.runs import check_golden, cli
 
 # A path with a space, a dollar and a command substitution: it must reach bash as one word.
 ODD_RUN_DIR = Path("/scratch/my runs/$(touch pwned)/smoke-20260101-000000")
 PYTHON = "/opt/venv/bin/python"
+# One spec for both golden files: a site profile, setup lines, partition and account.
+SITE = ("slurm.site_profile=/opt/my site/profile.sh",
+        "slurm.setup=['module load openmpi/4.1', 'export OMP_PROC_BIND=close']",
+        "slurm.partition=gpu", "slurm.account=proj-1")
+SETUP = ["source '/opt/my site/profile.sh'", "module load openmpi/4.1", "export OMP_PROC_BIND=close"]
+VALUES = {"sbatch_directives": "#SBATCH --x=1", "setup": ":", "driver_command": "exec true",
+          "run_dir": "/r", "job_name": "j"}
 
 
 def smoke(*overrides: str):
     return load_spec(REPO / "jobs/smoke.yaml", overrides)
 
 
+def section(text: str, header: str) -> list[str]:
+    """The lines after `header` up to the next blank line."""
+    lines = text.splitlines()
+    start = lines.index(header) + 1
+    end = lines.index("", start) if "" in lines[start:] else len(lines)
+    return lines[start:end]
+
+
+def exec_line(text: str) -> list[str]:
+    [line] = [line for line in text.splitlines() if line.startswith("exec ")]
+    return shlex.split(line)
+
+
 def test_rendered_script_golden():
-    text = render_script(smoke("slurm.setup=['module load openmpi/4.1']", "slurm.partition=gpu"),
-                         RunPaths(ODD_RUN_DIR), PYTHON)
-    check_golden("smoke.sbatch", text.splitlines())
+    check_golden("smoke.sbatch", render_script(smoke(*SITE), RunPaths(ODD_RUN_DIR), PYTHON))
 
 
 def test_submitit_script_golden():
-    text = planned_script(smoke("slurm.account=proj-1"), ODD_RUN_DIR, PYTHON)
-    check_golden("smoke_submitit.sbatch", text.splitlines())
+    check_golden("smoke_submitit.sbatch", planned_script(smoke(*SITE), ODD_RUN_DIR, PYTHON))
+
+
+def test_both_forms_share_setup_and_driver_line():
+    spec = smoke(*SITE)
+    rendered = render_script(spec, RunPaths(ODD_RUN_DIR), PYTHON)
+    planned = planned_script(spec, ODD_RUN_DIR, PYTHON)
+    assert section(rendered, "# site setup") == section(planned, "# setup") == SETUP
+    assert exec_line(rendered) == exec_line(planned) == [
+        "exec", PYTHON, "-m", "hpc_train.job.driver", str(ODD_RUN_DIR)]
+    for script in (rendered, planned):
+        assert subprocess.run(["bash", "-n"], input=script, text=True).returncode == 0
+
+
+def test_render_and_dry_run_commands_agree(tmp_path):
+    profile = tmp_path / "my site" / "profile.sh"
+    sets = [f"run.root={tmp_path}/runs", f"slurm.site_profile={profile}",
+            "slurm.setup=['module load openmpi/4.1']"]
+    args = [a for s in sets for a in ("--set", s)]
+    script = tmp_path / "job.sbatch"
+    rendered = cli("render", "jobs/smoke.yaml", "-o", str(script), *args)
+    planned = cli("submit", "jobs/smoke.yaml", "--dry-run", *args)
+    assert rendered.returncode == 0 and planned.returncode == 0, rendered.stderr + planned.stderr
+    rendered_text, planned_text = script.read_text(), planned.stdout
+    expected_setup = [f"source {shlex.quote(str(profile))}", "module load openmpi/4.1"]
+    assert section(rendered_text, "# site setup") == section(planned_text, "# setup") == expected_setup
+    # The same driver; only the run directory differs (the dry run names none of its own).
+    [run_dir] = (tmp_path / "runs").iterdir()
+    assert exec_line(rendered_text) == exec_line(planned_text)[:-1] + [str(run_dir)]
+    assert Path(exec_line(planned_text)[-1]) == run_dir.parent / "smoke-<timestamp>"
+
+
+def test_submitit_private_methods_are_those_of_the_installed_release():
+    # Fails with submitit's version and the fix when a release changes them.
+    executor = submitit.SlurmExecutor(folder="/nonexistent")
+    for name in PRIVATE:
+        private_method(executor, name)
+
+
+def test_a_changed_private_method_is_named_with_the_fix():
+    class Changed:
+        def _submit_command(self, command, account):
+            raise AssertionError("never called")
+
+    with pytest.raises(SubmitError, match=r"Changed\._submit_command\(command\).*submitit==1\.5\.4"):
+        private_method(Changed(), "_submit_command")
+    with pytest.raises(SubmitError, match="_make_submission_file_text"):
+        private_method(Changed(), "_make_submission_file_text")
 
 
 def test_rendered_script_is_valid_bash_and_quotes_the_run_dir():
     text = render_script(smoke(), RunPaths(ODD_RUN_DIR), PYTHON)
     assert subprocess.run(["bash", "-n"], input=text, text=True).returncode == 0
-    exec_line = next(line for line in text.splitlines() if line.startswith("exec "))
-    assert shlex.split(exec_line) == ["exec", PYTHON, "-m", "hpc_train.job.driver", str(ODD_RUN_DIR)]
+    assert exec_line(text) == ["exec", PYTHON, "-m", "hpc_train.job.driver", str(ODD_RUN_DIR)]
+    assert section(text, "# site setup") == [":"]          # no setup: still a valid line
 
 
 def test_options_one_driver_pattern_and_extras():
@@ -51,10 +120,80 @@ def test_options_one_driver_pattern_and_extras():
     assert options["gpus-per-node"] == "2" and options["time"] == "10"
 
 
-def test_site_template_placeholders_and_bash_braces(tmp_path):
-    template = "#!/bin/bash\n{sbatch_directives}\necho ${HOME} {job_name}\n{driver_command}\n"
-    text = fill_template(template, {"sbatch_directives": "#SBATCH --x=1", "setup": "",
-                                    "driver_command": "exec true", "run_dir": "/r", "job_name": "j"})
-    assert text == "#!/bin/bash\n#SBATCH --x=1\necho ${HOME} j\nexec true\n"
-    with pytest.raises(ValueError, match="driver_command"):
-        fill_template("#!/bin/bash\n{sbatch_directives}\n", {})
+def test_site_template_placeholders_and_bash_braces():
+    template = ("#!/bin/bash\n{sbatch_directives}\n{setup}\nf() { :; }\necho ${HOME} ${job_name} {a,b} "
+                "{job_name}\nawk '{ print }' /dev/null\n{driver_command}\n")
+    assert fill_template(template, VALUES) == (
+        "#!/bin/bash\n#SBATCH --x=1\n:\nf() { :; }\necho ${HOME} ${job_name} {a,b} j\n"
+        "awk '{ print }' /dev/null\nexec true\n")
+
+
+def test_a_value_holding_a_placeholder_is_inserted_as_it_is():
+    filled = fill_template("{sbatch_directives}\n{setup}\n{driver_command}\n",
+                           {**VALUES, "setup": "echo {driver_command}"})
+    assert filled == "#SBATCH --x=1\necho {driver_command}\nexec true\n"
+
+
+BAD_TEMPLATES = {   # case -> (template, words its error line must hold)
+    "unknown placeholder": (
+        "#!/bin/bash\n{sbatch_directives}\n{setup}\n#SBATCH --partition={partition}\n{driver_command}\n",
+        ["line 4: unknown placeholder {partition}", "Fix:", "${partition}"]),
+    "missing placeholder": (
+        "#!/bin/bash\n{sbatch_directives}\nmodule load mpi\n{driver_command}\n",
+        ["no {setup}", "Fix: add each"]),
+    "unclosed brace": (
+        "#!/bin/bash\n{sbatch_directives}\n{setup}\necho {job_name\n{driver_command}\n",
+        ["line 4: {job_name is not closed", "Fix: write {job_name} exactly"]),
+    "format spec": (
+        "#!/bin/bash\n{sbatch_directives}\n{setup}\necho {job_name!r}\n{driver_command}\n",
+        ["{job_name is not closed", "no format specs"]),
+}
+
+
+def render_with_template(tmp_path, template: Path, capsys) -> tuple[int, list[str]]:
+    code = main(["render", "jobs/smoke.yaml", "-o", str(tmp_path / "job.sbatch"), "--template", str(template),
+                 "--set", f"run.root={tmp_path}/runs"])
+    return code, capsys.readouterr().err.splitlines()
+
+
+@pytest.mark.parametrize("case", list(BAD_TEMPLATES))
+def test_bad_template_is_one_line_exit_2_and_no_run_directory(case, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(REPO)
+    text, words = BAD_TEMPLATES[case]
+    template = tmp_path / "site.sbatch"
+    template.write_text(text)
+    code, err = render_with_template(tmp_path, template, capsys)
+    assert code == 2
+    [line] = [e for e in err if not e.startswith("warning: ")]
+    assert line.startswith(f"error: render --template {template}: ")
+    for word in words:
+        assert word in line
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "job.sbatch").exists()
+
+
+def test_missing_template_file_is_one_line_exit_2_and_no_run_directory(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(REPO)
+    code, err = render_with_template(tmp_path, tmp_path / "nope.sbatch", capsys)
+    assert code == 2
+    [line] = [e for e in err if not e.startswith("warning: ")]
+    assert "nope.sbatch: cannot read it (No such file or directory). Fix:" in line
+    assert not (tmp_path / "runs").exists()
+
+
+def test_good_site_template_renders(tmp_path, capsys, monkeypatch):
+    # The negative cases above are not vacuous: a template with bash's own braces goes through.
+    monkeypatch.chdir(REPO)
+    template = tmp_path / "site.sbatch"
+    template.write_text("#!/bin/bash\n{sbatch_directives}\nf() { echo ${SLURM_JOB_ID:-none}; }\n{setup}\n"
+                        "cd {run_dir}\n{driver_command}\n")
+    code, _ = render_with_template(tmp_path, template, capsys)
+    assert code == 0
+    text = (tmp_path / "job.sbatch").read_text()
+    assert subprocess.run(["bash", "-n"], input=text, text=True).returncode == 0
+    [run_dir] = (tmp_path / "runs").iterdir()
+    assert f"cd {run_dir}" in text.splitlines() and RunPaths(run_dir).sbatch.read_text() == text
+
+
+def test_fill_template_refuses_a_bad_template():
+    with pytest.raises(SpecError, match="no {setup}, {driver_command}"):
+        fill_template("#!/bin/bash\n{sbatch_directives}\n", VALUES)

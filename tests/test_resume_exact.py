@@ -10,7 +10,7 @@ import torch
 
 from hpc_train.checkpoint import layout
 from hpc_train.runtime.stop import STOP_EXIT
-from tests.runs import drive, events, local_run
+from tests.runs import assert_identical, drive, events, local_run
 
 pytestmark = [pytest.mark.mpi, pytest.mark.horovod, pytest.mark.slow]
 
@@ -26,21 +26,6 @@ def final_state(paths, rank: int):
     replicated = torch.load(directory / layout.REPLICATED, weights_only=True)
     own = torch.load(directory / layout.rank_file_name(rank), weights_only=True)
     return replicated, own
-
-
-def assert_identical(a, b, path="state"):
-    if isinstance(a, torch.Tensor):
-        assert torch.equal(a, b), path
-    elif isinstance(a, dict):
-        assert a.keys() == b.keys(), path
-        for key in a:
-            assert_identical(a[key], b[key], f"{path}.{key}")
-    elif isinstance(a, list | tuple):
-        assert len(a) == len(b), path
-        for i, (x, y) in enumerate(zip(a, b)):
-            assert_identical(x, y, f"{path}[{i}]")
-    else:
-        assert a == b, path
 
 
 @pytest.mark.parametrize("precision", ["fp32", "fp16"])

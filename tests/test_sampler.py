@@ -44,18 +44,18 @@ def test_block_order_keeps_blocks_together_and_shuffles_inside_them():
 
 
 @pytest.mark.parametrize("num_samples, world, batch", [(1000, 4, 8), (999, 3, 5), (64, 1, 64)])
-def test_ranks_get_equal_disjoint_parts_of_whole_global_batches(num_samples, world, batch):
+def test_ranks_get_equal_disjoint_parts_of_whole_passes(num_samples, world, batch):
     parts = _epoch(num_samples, world, batch)
-    global_batch = world * batch
-    steps = num_samples // global_batch
-    assert {len(p) for p in parts} == {steps * batch}
+    per_pass = world * batch
+    passes = num_samples // per_pass
+    assert {len(p) for p in parts} == {passes * batch}
     joined = sum(parts, [])
     assert len(set(joined)) == len(joined)
-    # Global batch s is exactly positions [s*G, (s+1)*G) of the epoch order, rank r's sub-slice r.
+    # Pass s is exactly positions [s*P, (s+1)*P) of the epoch order, rank r's sub-slice r.
     order = block_order(num_samples, 3, 0, 16).tolist()
-    for s in range(steps):
+    for s in range(passes):
         together = sum((p[s * batch:(s + 1) * batch] for p in parts), [])
-        assert together == order[s * global_batch:(s + 1) * global_batch]
+        assert together == order[s * per_pass:(s + 1) * per_pass]
 
 
 def test_a_rank_batch_lies_in_few_blocks():
@@ -90,10 +90,10 @@ def test_interrupted_epoch_resumes_exactly():
 
 def test_resume_with_another_world_size_repeats_and_skips_nothing():
     num_samples = 1000
-    before = _epoch(num_samples, world=4, batch=8)             # global batch 32
+    before = _epoch(num_samples, world=4, batch=8)             # 32 samples per pass
     done = 10
     consumed = done * 32
-    after = _epoch(num_samples, world=2, batch=16, consumed=consumed)   # same global batch
+    after = _epoch(num_samples, world=2, batch=16, consumed=consumed)   # same samples per pass
     trained = sum((p[:done * 8] for p in before), []) + sum(after, [])
     order = block_order(num_samples, 3, 0, 16).tolist()
     assert sorted(trained) == sorted(order[:num_samples // 32 * 32])
@@ -120,6 +120,7 @@ def test_loader_length_and_epoch_change():
     s = ResumableBlockSampler(100, 0, 2, 5, block_size=8)
     loader = DataLoader(KeyEcho(), batch_size=5, sampler=s, drop_last=True)
     assert len(loader) == s.batches_per_epoch == 10
+    assert s.samples_per_pass == 2 * 5 and s.consumed_after(3) == 30   # one batch on each rank
     s.set_epoch(0, consumed=30)
     assert len(loader) == 7 and s.batches_per_epoch == 10
     assert sum(len(b) for b in loader) == 35
@@ -139,7 +140,7 @@ def test_state_from_other_data_is_refused():
     other = ResumableBlockSampler(101, 0, 1, 10)
     with pytest.raises(DataError, match="num_samples=100, this run has 101"):
         other.load_state_dict(state)
-    with pytest.raises(ValueError, match="do not fill one global batch"):
+    with pytest.raises(ValueError, match="do not fill one pass"):
         ResumableBlockSampler(10, 0, 4, 3)
 
 

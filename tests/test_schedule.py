@@ -6,7 +6,8 @@ import math
 
 import pytest
 
-from hpc_train.train.schedule import LrSchedule, lr_at, scaled_lr
+from hpc_train.spec.schema import scale_lr
+from hpc_train.train.schedule import LrSchedule, lr_at
 
 SPE = 10  # optimizer steps per epoch
 
@@ -18,16 +19,26 @@ def _kw(**over):
     return kw
 
 
-def test_scaled_lr_linear_rule():
-    assert scaled_lr(0.1, 256) == pytest.approx(0.1)
-    assert scaled_lr(0.1, 8192) == pytest.approx(3.2)  # Goyal et al.: k=256 GPUs x 32
-    assert scaled_lr(0.1, 64) == pytest.approx(0.025)
-    assert scaled_lr(0.1, 1024, reference_batch=512) == pytest.approx(0.2)
+def test_scale_lr_linear_rule():
+    assert scale_lr(0.1, 256) == pytest.approx(0.1)
+    assert scale_lr(0.1, 8192) == pytest.approx(3.2)  # Goyal et al.: k=256 GPUs x 32
+    assert scale_lr(0.1, 64) == pytest.approx(0.025)
+    assert scale_lr(0.1, 1024, reference_batch=512) == pytest.approx(0.2)
     for bad in (0, -4, 2.5, True):
-        with pytest.raises(ValueError, match="global_batch"):
-            scaled_lr(0.1, bad)
+        with pytest.raises(ValueError, match="samples_per_step"):
+            scale_lr(0.1, bad)
     with pytest.raises(ValueError, match="base_lr"):
-        scaled_lr(0.0, 256)
+        scale_lr(0.0, 256)
+
+
+def test_the_spec_scales_its_lr_with_this_rule(monkeypatch):
+    from hpc_train.spec import schema, spec_from_dict
+
+    spec = spec_from_dict({"run": {"name": "t"}, "data": {"batch_size": 64},
+                           "slurm": {"tasks_per_node": 2}, "parallel": {"accumulation": 2}})
+    assert spec.scaled_lr == scale_lr(spec.optim.base_lr, 256) == pytest.approx(0.1)
+    monkeypatch.setattr(schema, "scale_lr", lambda base_lr, samples: ("rule", base_lr, samples))
+    assert spec.scaled_lr == ("rule", 0.1, 64 * 2 * 2)     # one function, not a copy
 
 
 @pytest.mark.parametrize("schedule", ["cosine", "step", "constant"])

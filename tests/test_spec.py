@@ -13,12 +13,12 @@ import pytest
 import yaml
 
 from hpc_train.errors import SpecError
-from hpc_train.spec import (JobSpec, RunSpec, SpecInvalid, check_spec, dump_spec_yaml, load_spec,
-                            slurm_time_seconds, spec_from_dict, spec_hash, spec_to_dict,
+from hpc_train.spec import (JobSpec, RunSpec, SpecInvalid, build_spec, check_spec, dump_spec_yaml,
+                            load_spec, slurm_time_seconds, spec_from_dict, spec_hash, spec_to_dict,
                             validate_spec_file)
 from tests.conftest import REPO
+from tests.runs import BAD_SPECS
 
-BAD_SPECS = sorted((REPO / "tests" / "specs_bad").glob("*.yaml"))
 
 
 def write(tmp_path: Path, text: str, name: str = "job.yaml") -> Path:
@@ -143,7 +143,8 @@ def test_bad_overrides_are_reported_as_coming_from_set():
 
 def test_dump_reloads_to_an_equal_spec_with_the_same_hash(tmp_path):
     original = load_spec(REPO / "jobs" / "resnet.yaml",
-                         ["slurm.time=1:30:00", "launch.env.X=010", "model.options={depth: 3}"])
+                         ["slurm.time=1:30:00", "launch.env.X=010",
+                          "model.options={zero_init_residual: true}"])
     reloaded = load_spec(write(tmp_path, dump_spec_yaml(original), "spec.yaml"))
     assert reloaded == original
     assert spec_hash(reloaded) == spec_hash(original)
@@ -162,7 +163,7 @@ def test_hash_is_stable_and_follows_the_resolved_values():
 def test_derived_properties():
     s = spec(slurm={"nodes": 4, "tasks_per_node": 4, "gpus_per_node": 4, "time": "2-00:00:00"},
              data={"batch_size": 64}, parallel={"accumulation": 2}, optim={"base_lr": 0.1})
-    assert s.world_size == 16 and s.global_batch == 64 * 16 * 2
+    assert s.world_size == 16 and s.samples_per_step == 64 * 16 * 2
     assert s.scaled_lr == pytest.approx(0.1 * 2048 / 256)
     assert s.time_minutes == 2 * 24 * 60 and s.uses_gpu
     assert not spec().uses_gpu
@@ -238,7 +239,89 @@ def test_shipped_job_specs_validate_without_warnings(name):
 def test_shipped_specs_say_what_the_brief_asks():
     smoke, resnet = load_spec(REPO / "jobs/smoke.yaml"), load_spec(REPO / "jobs/resnet.yaml")
     assert (smoke.model.name, smoke.world_size, smoke.uses_gpu) == ("resnet_tiny", 2, False)
-    assert (resnet.world_size, resnet.global_batch, resnet.precision.mode) == (16, 1024, "fp16")
+    assert (resnet.world_size, resnet.samples_per_step, resnet.precision.mode) == (16, 1024, "fp16")
+
+
+# --- model options, from the model catalog ----------------------------------------------------
+
+def test_model_names_come_from_the_catalog():
+    from typing import get_args, get_type_hints
+
+    from hpc_train.models.catalog import MODEL_NAMES
+    from hpc_train.spec import ModelSpec
+
+    assert get_args(get_type_hints(ModelSpec)["name"]) == MODEL_NAMES
+
+
+def test_model_options_are_kept_as_given_and_converted():
+    loaded = spec(model={"name": "resnet_tiny", "options": {"width": "8", "layers": [1, 2, 1, 1]}})
+    assert loaded.model.options == {"width": 8, "layers": [1, 2, 1, 1]}   # defaults stay the catalog's
+    assert spec(model={"name": "resnet_tiny"}).model.options == {}
+    assert spec(model={"options": {"zero_init_residual": True}}).model.name == "resnet50"  # default
+
+
+@pytest.mark.parametrize("options, words", [
+    ({"widht": 8}, ["model.options.widht: unknown key", "did you mean 'model.options.width'",
+                    "valid keys in model.options: zero_init_residual, width, layers"]),
+    ({"width": "eight"}, ["model.options.width: 'eight' is not allowed: must be a whole number"]),
+    ({"width": 0}, ["model.options.width: 0 is not allowed: must be >= 1"]),
+    ({"zero_init_residual": "yes"}, ["model.options.zero_init_residual: 'yes'", "true or false"]),
+    ({"layers": [1, 1]}, ["model.options.layers: [1, 1]", "four stages"]),
+])
+def test_model_options_are_checked_against_the_catalog(options, words):
+    (line,) = problems_of({"run": {"name": "t"}, "model": {"name": "resnet_tiny", "options": options}})
+    assert all(word in line for word in words) and "Fix:" in line, line
+
+
+def test_options_of_another_model_are_refused():
+    (line,) = problems_of({"run": {"name": "t"}, "model": {"name": "gpt", "options": {"width": 8}}})
+    assert line.startswith("model.options.width: unknown key") and "layers, dim, heads" in line
+
+
+@pytest.mark.parametrize("options, words", [
+    ("{widht: 8}", ["model.options.widht (from --set): unknown key", "'model.options.width'"]),
+    ('{width: "eight"}', ["model.options.width (from --set): 'eight'", "a whole number"]),
+])
+def test_validate_refuses_a_misspelt_or_mistyped_model_option(options, words):
+    out = run_cli("validate", "jobs/smoke.yaml", "--set", f"model.options={options}")
+    assert out.returncode == 2 and out.stderr.startswith("error: ") and out.stdout == ""
+    assert all(word in out.stderr for word in words), out.stderr
+
+
+# --- data.vocab_size and its deprecated alias data.num_classes --------------------------------
+
+TOKEN_SPEC = {"run": {"name": "t"}, "data": {"kind": "text"}, "model": {"name": "gpt"}}
+
+
+def _token_spec(**data) -> dict:
+    return {**TOKEN_SPEC, "data": {**TOKEN_SPEC["data"], **data}}
+
+
+def test_num_classes_of_token_data_is_read_as_vocab_size_with_a_warning():
+    loaded, errors, warnings = build_spec(_token_spec(num_classes=256))
+    assert errors == [] and loaded == spec_from_dict(_token_spec(vocab_size=256))
+    (warning,) = map(str, warnings)
+    assert warning.startswith("data.num_classes: 256 with data.kind 'text': deprecated")
+    assert "rename it to data.vocab_size" in warning
+
+
+def test_a_dumped_token_spec_reloads_without_warnings(tmp_path):
+    original = spec_from_dict(_token_spec(num_classes=256))
+    reloaded, warnings = validate_spec_file(write(tmp_path, dump_spec_yaml(original)))
+    assert reloaded == original and warnings == []
+
+
+def test_num_classes_of_image_data_is_no_alias():
+    loaded, _, warnings = build_spec({"run": {"name": "t"}, "data": {"num_classes": 10}})
+    assert (loaded.data.num_classes, loaded.data.vocab_size, warnings) == (10, 256, [])
+
+
+def test_validate_warns_about_num_classes_of_token_data_and_passes(tmp_path):
+    old_style = (REPO / "jobs/transformer_pipeline_cpu.yaml").read_text().replace(
+        "  vocab_size: 256 ", "  num_classes: 256")
+    out = run_cli("validate", str(write(tmp_path, old_style)))
+    assert out.returncode == 0, out.stderr
+    assert out.stderr.startswith("warning: data.num_classes: 256 with data.kind 'text'")
 
 
 # --- the CLI and the corpus of wrong specs ----------------------------------------------------
@@ -247,7 +330,7 @@ def test_validate_prints_summary_and_warnings():
     out = run_cli("validate", "jobs/smoke.yaml", "--set", "optim.epochs=1")
     assert out.returncode == 0, out.stderr
     assert "world size:   2 = 1 node(s) x 2 task(s)" in out.stdout
-    assert "global batch: 64" in out.stdout and "scaled LR:    0.1" in out.stdout
+    assert "samples/step: 64" in out.stdout and "scaled LR:    0.1" in out.stdout
     assert out.stderr == ""
     out = run_cli("validate", "jobs/smoke.yaml", "--set", "optim.warmup_epochs=3")
     assert out.returncode == 0 and out.stderr.startswith("warning: optim.warmup_epochs: 3")
@@ -267,6 +350,31 @@ def test_bad_spec_is_refused_with_a_precise_line(path):
     assert expected in out.stderr
     assert "Traceback" not in out.stderr and out.stderr.startswith("error: ")
     assert all("Fix: " in line for line in out.stderr.splitlines())
+
+
+# A value ending in a newline passed `re.match(...$)`, then broke an sbatch line or a path.
+TRAILING_NEWLINE = {
+    "run.name": 'run:\n  name: "smoke\\n"\n',
+    "slurm.partition": 'run: {name: t}\nslurm:\n  partition: "gpu\\n"\n',
+    "slurm.account": 'run: {name: t}\nslurm:\n  account: "proj\\n"\n',
+    "slurm.qos": 'run: {name: t}\nslurm:\n  qos: "high\\n"\n',
+    "slurm.constraint": 'run: {name: t}\nslurm:\n  constraint: "a100\\n"\n',
+    "slurm.mem": 'run: {name: t}\nslurm:\n  mem: "2G\\n"\n',
+    "slurm.time": 'run: {name: t}\nslurm:\n  time: "00:10:00\\n"\n',
+    "slurm.extra.": 'run: {name: t}\nslurm:\n  extra:\n    "exclusive\\n": ""\n',
+    "launch.env.": 'run: {name: t}\nlaunch:\n  env:\n    "OMP_NUM_THREADS\\n": "1"\n',
+}
+
+
+@pytest.mark.parametrize("key", list(TRAILING_NEWLINE))
+def test_a_trailing_newline_is_refused(key, tmp_path, capsys):
+    from hpc_train.cli import main
+
+    path = write(tmp_path, TRAILING_NEWLINE[key])
+    assert "\\n\"" in path.read_text()           # a quoted "\n" in the file, read by YAML as a newline
+    assert main(["validate", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {key}") and len(err.splitlines()) == 1 and "Fix: " in err, err
 
 
 def test_spec_package_stays_light_and_assert_free():

@@ -107,7 +107,10 @@ def test_parse_show_job():
 
 def test_parse_slurm_time():
     assert parse_slurm_time("N/A") is None
-    assert parse_slurm_time("2026-11-29T17:05:00\n") is not None
+    import datetime
+
+    expected = datetime.datetime(2026, 11, 29, 17, 5).timestamp()     # squeue prints local time
+    assert parse_slurm_time("2026-11-29T17:05:00\n") == expected
 
 
 def _fake_scontrol(tmp_path, monkeypatch, restarts: int, refusal: str) -> None:

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import os
+import shlex
+import sys
+from pathlib import Path
 
 import pytest
 
-from tests.runs import cli, path_without
-from tests.test_spec import BAD_SPECS
+from hpc_train.rundir import RunPaths
+from tests.runs import BAD_SPECS, cli, path_without
 
 SPY = '#!/bin/sh\necho "$@" >> "$(dirname "$0")/../sbatch-called"\necho "Submitted batch job 999"\n'
 
@@ -37,4 +40,10 @@ def test_spy_records_a_valid_submission(spy_env, tmp_path):
     root, env = spy_env
     out = cli("submit", "jobs/smoke.yaml", "--set", f"run.root={tmp_path}/runs", env=env)
     assert (root / "sbatch-called").exists(), out.stderr
+    submitted = Path((root / "sbatch-called").read_text().split()[-1]).read_text()
     (root / "sbatch-called").unlink()
+    # sbatch got the script kept in the run directory, and it execs our driver on that directory.
+    [run_dir] = (tmp_path / "runs").iterdir()
+    assert "job id:  999" in out.stdout and RunPaths(run_dir).sbatch.read_text() == submitted
+    [driver] = [line for line in submitted.splitlines() if line.startswith("exec ")]
+    assert shlex.split(driver) == ["exec", sys.executable, "-m", "hpc_train.job.driver", str(run_dir)]

@@ -99,7 +99,7 @@ def test_truncated_or_corrupt_shards_raise_data_errors(shards, tmp_path):
     with pytest.raises(DataError, match="tokens-00001.h5: cannot read token shard") as unreadable:
         dataset[len(dataset) // 2]
     # `diagnose` knows both, as a rank's log shows them (the last line of the traceback).
-    from hpc_train.inspect.signatures import match_signatures
+    from hpc_train.inspection.signatures import match_signatures
 
     for caught in (truncated, unreadable):
         line = f"hpc_train.errors.DataError: {caught.value}"

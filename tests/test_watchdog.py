@@ -6,6 +6,8 @@ import json
 import sys
 import time
 
+import pytest
+
 from hpc_train.job import watchdog
 from hpc_train.job.watchdog import Beat, find_stall, stop_ignored
 from hpc_train.runtime.heartbeat import STACK_DUMP_HEADER, Heartbeat, beat_interval
@@ -77,6 +79,7 @@ def test_process_state_of_this_process():
     assert watchdog.process_state(None) is None
 
 
+@pytest.mark.slow
 def test_heartbeat_thread_writes_and_dumps_stacks_once_when_stuck(tmp_path, capfd):
     path = tmp_path / "rank-00003"
     heartbeat = Heartbeat(path, 3, stall_seconds=5).start()     # writes every second
@@ -94,6 +97,7 @@ def test_heartbeat_thread_writes_and_dumps_stacks_once_when_stuck(tmp_path, capf
     assert record["time"] >= record["progress"]
 
 
+@pytest.mark.slow
 def test_heartbeat_dump_contains_the_main_threads_stack(tmp_path):
     import subprocess
 

@@ -88,8 +88,8 @@ def _time(fn, rounds: int) -> float:
 
 
 def main(args) -> int:
-    from hpc_train.inspect import logs
-    from hpc_train.inspect.cli import build_status
+    from hpc_train.inspection import logs
+    from hpc_train.inspection.cli import build_status
 
     with tempfile.TemporaryDirectory() as tmp:
         paths = make_run(Path(tmp), args.ranks, args.metric_lines)

@@ -109,7 +109,7 @@ def _tokenize(args: argparse.Namespace) -> int:
         if manifest:
             print(f"{name}: {manifest['num_tokens']} tokens in {len(manifest['shards'])} shard(s) "
                   f"under {Path(args.out) / name}")
-    print(f"train on it with data.kind: tokens, data.path: {args.out}, data.num_classes: 256")
+    print(f"train on it with data.kind: tokens, data.path: {args.out} (data.vocab_size: 256, bytes)")
     return 0
 
 

@@ -7,9 +7,10 @@ samples those are from epoch to epoch.
 Two samplers:
 - `ResumableBlockSampler`: for training (shards and synthetic data alike). The epoch order shuffles blocks of `block_size`
   consecutive samples, then the samples inside each block, so a batch touches few shard regions
-  (HDF5 reads and page-cache/readahead stay local). Ranks take their slice of each GLOBAL batch,
-  so the position in an epoch is one number, `consumed` (global samples trained), which means the
-  same thing for any world size with the same global batch, and resumes exactly. It yields
+  (HDF5 reads and page-cache/readahead stay local). Ranks take their slice of each PASS (one
+  batch on every rank: `samples_per_pass`, a backward pass of all ranks together), so the position
+  in an epoch is one number, `consumed` (global samples trained), which means the same thing for
+  any world size with the same samples per pass, and resumes exactly. It yields
   `SampleKey(epoch, index)`: the epoch travels with every index, so a dataset draws the sample's
   augmentation from (seed, epoch, index) alone, even as the copy made once in a persistent worker.
 - `ValidationSampler`: every sample exactly once, contiguous parts that differ by at most one.
@@ -39,7 +40,7 @@ def as_key(key) -> SampleKey:
     return key if isinstance(key, SampleKey) else SampleKey(0, int(key))
 
 
-# -- training: block-shuffled, global-batch slices, resumable ----------------------------------
+# -- training: block-shuffled, sliced per pass, resumable --------------------------------------
 
 def block_order(num_samples: int, seed: int, epoch: int, block_size: int,
                 shuffle: bool = True) -> np.ndarray:
@@ -61,14 +62,14 @@ def rank_batches(order: np.ndarray, rank: int, world: int, batch_per_rank: int,
                  consumed: int = 0) -> np.ndarray:
     """Rank `rank`'s indices of what remains after `consumed` samples of `order`.
 
-    Global batch s covers order[consumed + s*G : consumed + (s+1)*G] (G = world x batch_per_rank);
+    Pass s covers order[consumed + s*P : consumed + (s+1)*P] (P = world x batch_per_rank);
     rank r takes its r-th contiguous sub-slice of batch_per_rank. The tail that does not fill a
-    global batch is dropped, so every rank yields the same number of batches.
+    pass is dropped, so every rank yields the same number of batches.
     """
-    global_batch = world * batch_per_rank
+    per_pass = world * batch_per_rank
     remaining = order[consumed:]
-    steps = len(remaining) // global_batch
-    return remaining[:steps * global_batch].reshape(steps, world, batch_per_rank)[:, rank].ravel()
+    passes = len(remaining) // per_pass
+    return remaining[:passes * per_pass].reshape(passes, world, batch_per_rank)[:, rank].ravel()
 
 
 class ResumableBlockSampler:
@@ -82,7 +83,7 @@ class ResumableBlockSampler:
     `consumed` must come from the trainer (batches it trained), never from this sampler's own
     iteration: DataLoader workers prefetch, so the sampler runs ahead of training.
     A resumed sampler may have another world size or batch_per_rank: the remaining order is cut
-    into the new global batches, so nothing repeats and nothing is skipped.
+    into the new passes, so nothing repeats and nothing is skipped.
     """
 
     def __init__(self, num_samples: int, rank: int, world: int, batch_per_rank: int, *,
@@ -93,7 +94,7 @@ class ResumableBlockSampler:
             raise ValueError(f"batch_per_rank ({batch_per_rank}) and block_size ({block_size}) "
                              "must be >= 1")
         if num_samples < world * batch_per_rank:
-            raise ValueError(f"{num_samples} samples do not fill one global batch of "
+            raise ValueError(f"{num_samples} samples do not fill one pass of "
                              f"{world} ranks x {batch_per_rank}")
         self.num_samples, self.rank, self.world = num_samples, rank, world
         self.batch_per_rank, self.seed, self.block_size = batch_per_rank, seed, block_size
@@ -101,13 +102,15 @@ class ResumableBlockSampler:
         self.epoch, self.start = 0, 0
 
     @property
-    def global_batch(self) -> int:
+    def samples_per_pass(self) -> int:
+        """Samples of one backward pass of all ranks: one batch each. An optimizer step is
+        `accumulation` passes (`JobSpec.samples_per_step`)."""
         return self.world * self.batch_per_rank
 
     @property
     def batches_per_epoch(self) -> int:
         """Batches (per rank) of a whole epoch, whatever position the sampler starts at."""
-        return self.num_samples // self.global_batch
+        return self.num_samples // self.samples_per_pass
 
     def set_epoch(self, epoch: int, consumed: int = 0) -> None:
         """The next iteration yields epoch `epoch` from global position `consumed`."""
@@ -117,10 +120,10 @@ class ResumableBlockSampler:
 
     def consumed_after(self, batches: int) -> int:
         """Global samples consumed once `batches` of this iteration have been trained."""
-        return self.start + batches * self.global_batch
+        return self.start + batches * self.samples_per_pass
 
     def __len__(self) -> int:
-        return (self.num_samples - self.start) // self.global_batch * self.batch_per_rank
+        return (self.num_samples - self.start) // self.samples_per_pass * self.batch_per_rank
 
     def __iter__(self):
         order = block_order(self.num_samples, self.seed, self.epoch, self.block_size, self.shuffle)

@@ -22,8 +22,7 @@ from torch.utils.data import Dataset
 
 from hpc_train.data.sampler import SampleKey, as_key
 from hpc_train.errors import DataError
-
-VOCAB = 256
+from hpc_train.spec.schema import BYTE_VOCAB as VOCAB   # the spec's data.vocab_size must match
 _SUBJECTS = ("the cat", "a dog", "the model", "every rank", "the scheduler", "a student",
              "the cluster", "my node", "the pipeline", "a bird")
 _VERBS = ("sees", "trains", "waits for", "follows", "saves", "reads", "likes", "sends")

@@ -1,8 +1,9 @@
 """The driver: the one process of a job that starts the ranks with mpirun, watches them, and
 reports how they ended.
 
-It runs as the batch script itself (submitit's callable, or `exec python -m hpc_train.job.driver
-RUN_DIR` from a rendered script), so Slurm's `B:USR2` reaches it; it forwards a stop to mpirun,
+It runs as the batch script itself (`exec python -m hpc_train.job.driver RUN_DIR`, the last line
+of the script that submit and render make alike; the pickled `Driver` for submitit's local
+executor), so Slurm's `B:USR2` reaches it; it forwards a stop to mpirun,
 which passes it to the ranks, and never lets mpirun be SIGKILLed while it has ranks (they would
 outlive the job). Every wait here has a bound: the ranks' heartbeats are read between waits, and
 ranks that stop progressing (or ignore a stop) are torn down and the job requeued (watchdog.py).
@@ -187,7 +188,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 class Driver:
-    """The callable submitit pickles into the job; it only carries the run directory."""
+    """The callable submitit's local executor pickles (no Slurm, no batch script); it only
+    carries the run directory."""
 
     def __init__(self, run_dir: str | Path):
         self.run_dir = str(run_dir)

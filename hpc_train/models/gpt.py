@@ -15,6 +15,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from hpc_train.models.catalog import GptOptions
+
 
 class Embedding(nn.Module):
     """Token + learned position embeddings: (batch, seq) int64 -> (batch, seq, dim)."""
@@ -82,15 +84,17 @@ def _init_weights(module: nn.Module, layers: int) -> None:
         nn.init.normal_(param, mean=0.0, std=std)
 
 
-def gpt(num_classes: int = 256, layers: int = 4, dim: int = 128, heads: int = 4,
-        seq_len: int = 128, mlp_ratio: int = 4, dropout: float = 0.0) -> nn.Sequential:
-    """The flat block list; `num_classes` is the vocabulary size (256 for byte tokens)."""
-    if dim % heads:
-        raise ValueError(f"gpt: dim {dim} is not divisible by heads {heads}")
-    blocks = nn.Sequential(Embedding(num_classes, dim, seq_len, dropout),
-                           *(TransformerLayer(dim, heads, mlp_ratio, dropout) for _ in range(layers)),
-                           Head(dim, num_classes))
-    _init_weights(blocks, layers)
+def gpt(vocab_size: int, *, seq_len: int, **options) -> nn.Sequential:
+    """The flat block list for `vocab_size` token values (256: bytes) and sequences of up to
+    `seq_len`; `options` are `GptOptions` (names and defaults in models/catalog.py)."""
+    o = GptOptions(**options)
+    if o.dim % o.heads:
+        raise ValueError(f"gpt: dim {o.dim} is not divisible by heads {o.heads}")
+    blocks = nn.Sequential(Embedding(vocab_size, o.dim, seq_len, o.dropout),
+                           *(TransformerLayer(o.dim, o.heads, o.mlp_ratio, o.dropout)
+                             for _ in range(o.layers)),
+                           Head(o.dim, vocab_size))
+    _init_weights(blocks, o.layers)
     return blocks
 
 

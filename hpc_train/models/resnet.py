@@ -14,6 +14,8 @@ from typing import Sequence, Type, Union
 import torch
 from torch import Tensor, nn
 
+from hpc_train.models.catalog import ResNetOptions, TinyResNetOptions
+
 __all__ = [
     "BasicBlock", "Bottleneck", "ResNet",
     "resnet18", "resnet34", "resnet50", "resnet101", "resnet152", "resnet_tiny",
@@ -143,31 +145,37 @@ class ResNet(nn.Module):
         return self.fc(x)
 
 
-def resnet18(num_classes: int = 1000, zero_init_residual: bool = False) -> ResNet:
-    return ResNet(BasicBlock, [2, 2, 2, 2], num_classes, zero_init_residual)
+def _torchvision(block: Block, layers: Sequence[int], num_classes: int, options: dict) -> ResNet:
+    chosen = ResNetOptions(**options)   # names and defaults: models/catalog.py
+    return ResNet(block, layers, num_classes, chosen.zero_init_residual)
 
 
-def resnet34(num_classes: int = 1000, zero_init_residual: bool = False) -> ResNet:
-    return ResNet(BasicBlock, [3, 4, 6, 3], num_classes, zero_init_residual)
+def resnet18(num_classes: int = 1000, **options) -> ResNet:
+    return _torchvision(BasicBlock, [2, 2, 2, 2], num_classes, options)
 
 
-def resnet50(num_classes: int = 1000, zero_init_residual: bool = False) -> ResNet:
-    return ResNet(Bottleneck, [3, 4, 6, 3], num_classes, zero_init_residual)
+def resnet34(num_classes: int = 1000, **options) -> ResNet:
+    return _torchvision(BasicBlock, [3, 4, 6, 3], num_classes, options)
 
 
-def resnet101(num_classes: int = 1000, zero_init_residual: bool = False) -> ResNet:
-    return ResNet(Bottleneck, [3, 4, 23, 3], num_classes, zero_init_residual)
+def resnet50(num_classes: int = 1000, **options) -> ResNet:
+    return _torchvision(Bottleneck, [3, 4, 6, 3], num_classes, options)
 
 
-def resnet152(num_classes: int = 1000, zero_init_residual: bool = False) -> ResNet:
-    return ResNet(Bottleneck, [3, 8, 36, 3], num_classes, zero_init_residual)
+def resnet101(num_classes: int = 1000, **options) -> ResNet:
+    return _torchvision(Bottleneck, [3, 4, 23, 3], num_classes, options)
 
 
-def resnet_tiny(num_classes: int = 10, zero_init_residual: bool = False, width: int = 16,
-                layers: Sequence[int] = (1, 1, 1, 1)) -> ResNet:
+def resnet152(num_classes: int = 1000, **options) -> ResNet:
+    return _torchvision(Bottleneck, [3, 8, 36, 3], num_classes, options)
+
+
+def resnet_tiny(num_classes: int = 10, **options) -> ResNet:
     """A narrow BasicBlock ResNet with a CIFAR stem: 32x32 images train in seconds on a CPU.
 
     For tests and smoke runs, not accuracy. About 0.31 M parameters at width 16 (10 classes).
+    `options` are `TinyResNetOptions` (models/catalog.py).
     """
-    return ResNet(BasicBlock, list(layers), num_classes, zero_init_residual,
-                  width=width, cifar_stem=True)
+    chosen = TinyResNetOptions(**options)
+    return ResNet(BasicBlock, list(chosen.layers), num_classes, chosen.zero_init_residual,
+                  width=chosen.width, cifar_stem=True)

@@ -29,6 +29,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from hpc_train.rundir import HEARTBEAT_GLOB
+
 STACK_DUMP_HEADER = "hpc_train watchdog: no progress"
 # The phases of one training step, in the order a rank goes through them: fetching the batch,
 # forward/backward/optimizer (gradient collectives included), then the collectives between
@@ -136,7 +138,7 @@ def read_beats(directory: Path, since: float = 0.0) -> dict[int, Beat]:
     """The ranks' beats written at or after `since` (older ones are an earlier run's)."""
     beats = {}
     if directory.is_dir():
-        for path in directory.glob("rank-*"):
+        for path in directory.glob(HEARTBEAT_GLOB):
             try:
                 beat = parse_beat(path.read_text())
             except OSError:

@@ -1,23 +1,30 @@
 """A standalone sbatch script for a run: needs only `sbatch` and the installed package.
 
-It behaves like a submitit submission: same options, same site setup lines, and `exec` of the
-same driver, which handles the stop signal and requeues with `scontrol requeue` itself.
-A site may supply its own template (`render --template FILE`) using these placeholders:
+It is made from the same parts as submitit's script (slurm/script.py): same options, same setup
+lines, and `exec` of the same driver, which handles the stop signal and requeues with `scontrol
+requeue` itself. A site may supply its own template (`render --template FILE`) using these
+placeholders (the first three are required: without them the job would lack its options, the
+site setup or the driver):
 
     {sbatch_directives}   the `#SBATCH` lines
-    {setup}               site setup lines from the spec (module loads, exports)
+    {setup}               the site profile (sourced), then the spec's setup lines
     {driver_command}      the `exec python -m hpc_train.job.driver RUN_DIR` line
     {run_dir}             the run directory, shell-quoted
     {job_name}            the job name (validated: letters, digits, . _ -)
+
+Only these `{name}`s are replaced, so the template's bash keeps its own braces (`${VAR}`,
+`f() { ...; }`, `{a,b}`) as written.
 """
 
 from __future__ import annotations
 
+import re
 import shlex
 from pathlib import Path
 
+from hpc_train.errors import SpecError
 from hpc_train.rundir import RunPaths
-from hpc_train.slurm.options import sbatch_options
+from hpc_train.slurm.script import script_parts
 from hpc_train.spec import JobSpec
 
 DEFAULT_TEMPLATE = """\
@@ -35,6 +42,50 @@ set -euo pipefail
 """
 
 PLACEHOLDERS = ("sbatch_directives", "setup", "driver_command", "run_dir", "job_name")
+REQUIRED = PLACEHOLDERS[:3]
+# `{` and a name, not after `$` (`${VAR}` is bash's own): a placeholder, or one meant to be.
+_BRACED_NAME = re.compile(r"(?<!\$)\{([A-Za-z_]\w*)(\}?)")
+_PLACEHOLDER = re.compile(r"(?<!\$)\{(" + "|".join(PLACEHOLDERS) + r")\}")
+
+
+def template_problem(template: str) -> str | None:
+    """What is wrong with a site template, with the fix; None when it can be filled."""
+    listed = ", ".join("{" + name + "}" for name in PLACEHOLDERS)
+    for match in _BRACED_NAME.finditer(template):
+        name, closed = match.groups()
+        line = template.count("\n", 0, match.start()) + 1
+        if closed and name not in PLACEHOLDERS:
+            return (f"line {line}: unknown placeholder {{{name}}}. Fix: use only {listed} "
+                    f"(write ${{{name}}} for a shell variable, {{ {name} }} for bash's own braces)")
+        if not closed and name in PLACEHOLDERS:
+            return (f"line {line}: {{{name} is not closed. Fix: write {{{name}}} exactly "
+                    "(no format specs: the value is inserted as it is)")
+    present = set(_PLACEHOLDER.findall(template))
+    missing = [name for name in REQUIRED if name not in present]
+    if missing:
+        return (f"no {', '.join('{' + name + '}' for name in missing)}. Fix: add each on a line of its "
+                f"own; a template needs {', '.join('{' + name + '}' for name in REQUIRED)}")
+    return None
+
+
+def check_template(template: str, source: str = "the sbatch template") -> None:
+    if problem := template_problem(template):
+        raise SpecError(f"{source}: {problem}")
+
+
+def load_template(path: str | None) -> str:
+    """The site template at `path` (checked), or the default one."""
+    if path is None:
+        return DEFAULT_TEMPLATE
+    source = f"render --template {path}"
+    try:
+        template = Path(path).read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise SpecError(f"{source}: cannot read it ({reason}). Fix: give your site's sbatch template "
+                        "as a text file, or leave --template out for the default") from exc
+    check_template(template, source)
+    return template
 
 
 def sbatch_directives(options: dict[str, str | bool]) -> str:
@@ -44,27 +95,19 @@ def sbatch_directives(options: dict[str, str | bool]) -> str:
     return "\n".join(lines)
 
 
-def driver_command(python: str, run_dir: Path) -> str:
-    return "exec " + shlex.join([python, "-m", "hpc_train.job.driver", str(run_dir)])
-
-
 def fill_template(template: str, values: dict[str, str]) -> str:
-    """Replace only our `{name}` placeholders, so `${VAR}` and other braces in bash stay as written."""
-    missing = [name for name in ("sbatch_directives", "driver_command") if f"{{{name}}}" not in template]
-    if missing:
-        raise ValueError(f"the sbatch template lacks {', '.join('{' + m + '}' for m in missing)}; "
-                         f"a template must contain both (placeholders: {', '.join(PLACEHOLDERS)})")
-    for name in PLACEHOLDERS:
-        template = template.replace(f"{{{name}}}", values[name])
-    return template
+    """Replace only our `{name}` placeholders, so `${VAR}` and other braces in bash stay as written.
+    One pass: a value that holds `{name}` (a setup line, say) is inserted as it is."""
+    check_template(template)
+    return _PLACEHOLDER.sub(lambda match: values[match.group(1)], template)
 
 
 def render_script(spec: JobSpec, paths: RunPaths, python: str, template: str = DEFAULT_TEMPLATE) -> str:
-    options = sbatch_options(spec, output=str(paths.root / "slurm-%j.out"))
+    parts = script_parts(spec, paths, python)
     return fill_template(template, {
-        "sbatch_directives": sbatch_directives(options),
-        "setup": "\n".join(spec.slurm.setup) or ":",
-        "driver_command": driver_command(python, paths.root),
+        "sbatch_directives": sbatch_directives(parts.options),
+        "setup": "\n".join(parts.setup) or ":",
+        "driver_command": parts.driver,
         "run_dir": shlex.quote(str(paths.root)),
         "job_name": spec.run.name,
     })

@@ -21,7 +21,7 @@ def resume_run(run_dir: str | Path, overrides: list[str], allow_spec_change: boo
                use_slurm: bool | None = None) -> Submission:
     paths = RunPaths(Path(run_dir).resolve())
     if not paths.spec.is_file():
-        raise SpecError(f"{paths.root} is not a run directory: it has no spec.yaml")
+        raise SpecError(f"{paths.root} is not a run directory: it has no {paths.spec.name}")
     refuse_if_active(paths)
     saved = load_spec(paths.spec)
     spec = load_spec(paths.spec, overrides)

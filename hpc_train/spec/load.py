@@ -1,7 +1,8 @@
 """YAML file (+ --set overrides) -> JobSpec, strictly: every problem found, all reported at once.
 
-Order: read the file -> apply overrides -> walk the schema dataclasses (unknown keys, types,
-ranges, single-value rules) -> cross-field rules (rules.py). Field problems stop before the
+Order: read the file -> apply overrides -> move deprecated keys (deprecated.py) -> walk the
+schema dataclasses (unknown keys, types, ranges, single-value rules; model.options against the
+model's entry in the catalog) -> cross-field rules (rules.py). Field problems stop before the
 cross-field rules, which need a complete spec.
 """
 
@@ -13,6 +14,7 @@ from pathlib import Path
 from typing import Any, Iterable, get_type_hints
 
 from hpc_train.spec.coerce import INVALID, coerce
+from hpc_train.spec.deprecated import move_deprecated_keys, name_written_keys
 from hpc_train.spec.overrides import apply_overrides, mark_overridden
 from hpc_train.spec.problems import Problem, SpecInvalid, dotted, show, value_problem
 from hpc_train.spec.rules import check_spec
@@ -90,6 +92,15 @@ def _leaf(f: dataclasses.Field, tp: Any, raw: Any, key: str, problems: list[Prob
     return value if len(problems) == before else INVALID
 
 
+def _declared(cls: type | None, given: dict, key: str, problems: list[Problem]) -> Any:
+    """`given`, a mapping whose keys and types the dataclass `cls` declares, checked like a
+    section and converted; only the keys given are kept (see spec_field's `declared_by`)."""
+    if cls is None:   # the field it depends on is invalid, and already reported
+        return given
+    built = _build(cls, given, key + ".", problems)
+    return INVALID if built is INVALID else {name: getattr(built, name) for name in given}
+
+
 def _build(cls: type, raw: dict, prefix: str, problems: list[Problem]) -> Any:
     """An instance of the dataclass `cls` from `raw`, or INVALID after reporting problems."""
     fields = dataclasses.fields(cls)
@@ -120,6 +131,10 @@ def _build(cls: type, raw: dict, prefix: str, problems: list[Problem]) -> Any:
             kwargs[f.name] = _build(tp, value, key + ".", problems)
         else:
             kwargs[f.name] = _leaf(f, tp, value, key, problems)
+            declared_by = f.metadata.get("declared_by")
+            if declared_by and kwargs[f.name] is not INVALID:
+                section = {g.name: kwargs.get(g.name, g.default) for g in fields}  # + defaults
+                kwargs[f.name] = _declared(declared_by(section), kwargs[f.name], key, problems)
     if len(problems) > before:
         return INVALID
     return cls(**kwargs)
@@ -129,12 +144,14 @@ def build_spec(data: dict, overrides: Iterable[str] = ()) -> tuple[JobSpec | Non
                                                                      list[Problem]]:
     """(spec or None, errors, warnings) from raw YAML data and KEY=VALUE overrides."""
     merged, keys, problems = apply_overrides(data, overrides)
+    merged, moved, deprecations = move_deprecated_keys(merged)
     spec = _build(JobSpec, merged, "", problems)
-    problems = mark_overridden(problems, keys)
+    problems = name_written_keys(mark_overridden(problems, keys), moved)
     if problems or spec is INVALID:
         return None, problems, []
     errors, warnings = check_spec(spec)
-    return (spec if not errors else None), errors, warnings
+    warnings = mark_overridden(deprecations, keys) + warnings
+    return (spec if not errors else None), name_written_keys(errors, moved), warnings
 
 
 def validate_spec_file(path: str | Path, overrides: Iterable[str] = ()) -> tuple[JobSpec,

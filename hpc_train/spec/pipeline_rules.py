@@ -7,14 +7,9 @@ micro-batches that do not split the batch) or fail only after the queue wait.
 
 from __future__ import annotations
 
+from hpc_train.models.catalog import GptOptions
 from hpc_train.spec.problems import Problem
-from hpc_train.spec.schema import JobSpec
-
-# The gpt builder's defaults (hpc_train/models/gpt.py; a test keeps them equal), read here
-# without importing torch. The block list is [embedding, layer x N, head]: N + 2 blocks.
-GPT_DEFAULT_LAYERS = 4
-BYTE_VOCAB = 256
-TOKEN_KINDS = ("text", "tokens")
+from hpc_train.spec.schema import BYTE_VOCAB, TOKEN_KINDS, JobSpec
 
 
 def runs_stages(spec: JobSpec) -> bool:
@@ -22,9 +17,14 @@ def runs_stages(spec: JobSpec) -> bool:
     return spec.uses_pipeline or spec.model.name == "gpt"
 
 
+def gpt_options(spec: JobSpec) -> GptOptions:
+    """The gpt options the builder will use: those given, the catalog's defaults for the rest."""
+    return GptOptions(**spec.model.options)
+
+
 def gpt_blocks(spec: JobSpec) -> int:
-    layers = spec.model.options.get("layers", GPT_DEFAULT_LAYERS)
-    return layers + 2 if isinstance(layers, int) and not isinstance(layers, bool) else 0
+    """Blocks of the gpt block list [embedding, layer x N, head]: N + 2; 0 for other models."""
+    return gpt_options(spec).layers + 2 if spec.model.name == "gpt" else 0
 
 
 def model_matches_data(spec: JobSpec) -> list[Problem]:
@@ -41,19 +41,23 @@ def model_matches_data(spec: JobSpec) -> list[Problem]:
 
 
 def byte_vocabulary(spec: JobSpec) -> list[Problem]:
-    if spec.data.kind in TOKEN_KINDS and spec.data.num_classes != BYTE_VOCAB:
-        return [Problem("data.num_classes", f"{spec.data.num_classes} with data.kind "
+    if spec.data.kind in TOKEN_KINDS and spec.data.vocab_size != BYTE_VOCAB:
+        return [Problem("data.vocab_size", f"{spec.data.vocab_size} with data.kind "
                         f"{spec.data.kind!r}", f"byte tokens take {BYTE_VOCAB} values, the "
-                        "vocabulary of the gpt model", f"set data.num_classes: {BYTE_VOCAB}")]
+                        "vocabulary of the gpt model", f"set data.vocab_size: {BYTE_VOCAB}")]
     return []
 
 
-def sequence_length_from_data(spec: JobSpec) -> list[Problem]:
-    if spec.model.name == "gpt" and "seq_len" in spec.model.options:
-        return [Problem("model.options.seq_len", str(spec.model.options["seq_len"]),
-                        "the sequence length comes from the data section, so the two agree",
-                        "remove model.options.seq_len and set data.seq_len")]
-    return []
+def heads_divide_width(spec: JobSpec) -> list[Problem]:
+    if spec.model.name != "gpt":
+        return []
+    options = gpt_options(spec)
+    if options.dim % options.heads == 0:
+        return []
+    fits = max(h for h in range(1, options.heads) if options.dim % h == 0)
+    return [Problem("model.options.heads", f"{options.heads} with model.options.dim {options.dim}",
+                    "each attention head takes dim / heads channels, so heads must divide dim",
+                    f"set model.options.heads: {fits}, or a dim that {options.heads} divides")]
 
 
 def pipeline_needs_gpt(spec: JobSpec) -> list[Problem]:
@@ -163,7 +167,7 @@ def few_microbatches(spec: JobSpec) -> list[Problem]:
     return []
 
 
-PIPELINE_ERROR_RULES = (model_matches_data, byte_vocabulary, sequence_length_from_data,
+PIPELINE_ERROR_RULES = (model_matches_data, byte_vocabulary, heads_divide_width,
                         pipeline_needs_gpt, whole_pipelines, microbatches_split_batch,
                         one_f_one_b_depth, balance_matches_model, pipeline_without_accumulation,
                         pipeline_without_compression)

@@ -11,23 +11,31 @@ import math
 from dataclasses import MISSING, dataclass, field
 from typing import Any, Callable, Literal, Optional, Union
 
+from hpc_train.models.catalog import MODEL_NAMES, options_of
 from hpc_train.spec import values
 
-ModelName = Literal["resnet18", "resnet34", "resnet50", "resnet101", "resnet152", "resnet_tiny", "gpt"]
+ModelName = Literal[MODEL_NAMES]        # the model catalog's names: one list
+TOKEN_KINDS = ("text", "tokens")        # data kinds of token sequences, for the gpt model
+BYTE_VOCAB = 256                        # token values of byte tokens; data/tokens.py reads it here
 
 
 def spec_field(default: Any = MISSING, *, doc: str, factory: Callable[[], Any] | None = None,
                ge: float | None = None, gt: float | None = None, le: float | None = None,
                lt: float | None = None, check: Callable | None = None, each: Callable | None = None,
-               key_check: Callable | None = None, example: Any = None) -> Any:
+               key_check: Callable | None = None, example: Any = None,
+               declared_by: Callable[[dict], type | None] | None = None) -> Any:
     """A dataclass field plus what the loader needs to check it.
 
     ge/gt/le/lt: numeric limits. check: `values.check_*` run on the converted value;
     each: run on every item of a list or value of a dict; key_check: on every dict key.
     example: shown in fixes when the default (None, say) is not a useful example.
+    declared_by: for a mapping whose keys and types depend on another field of the section
+    (model.options on model.name): given the section's values converted so far (defaults for
+    keys not given), the dataclass that declares them; the mapping is then checked like a
+    section.
     """
     meta = {"doc": doc, "ge": ge, "gt": gt, "le": le, "lt": lt, "check": check, "each": each,
-            "key_check": key_check, "example": example}
+            "key_check": key_check, "example": example, "declared_by": declared_by}
     if factory is not None:
         return field(default_factory=factory, metadata=meta)
     return field(default=default, metadata=meta)
@@ -94,8 +102,11 @@ class DataSpec:
         "corpus) or tokens (HDF5 token shards) for the gpt model")
     path: Optional[str] = spec_field(None, doc="directory of HDF5 shards (kind hdf5 or tokens)",
                                      check=values.check_path, example="/path/to/imagenet-shards")
-    num_classes: int = spec_field(1000, doc="number of classes", ge=2)
+    num_classes: int = spec_field(1000, doc="classes of image data (token data: vocab_size)",
+                                  ge=2)
     image_size: int = spec_field(224, doc="square crop size in pixels", ge=8, le=1024)
+    vocab_size: int = spec_field(BYTE_VOCAB, doc="token values of text and tokens data "
+                                 f"({BYTE_VOCAB}: byte tokens); the gpt model's vocabulary", ge=2)
     seq_len: int = spec_field(128, doc="tokens per training sequence (text and tokens data)",
                               ge=2)
     batch_size: int = spec_field(32, doc="samples per rank per backward pass (per-rank batch); "
@@ -113,16 +124,20 @@ class DataSpec:
 
 @dataclass(frozen=True)
 class ModelSpec:
-    name: ModelName = spec_field("resnet50", doc="architecture from the model registry")
-    options: dict[str, Any] = spec_field(doc="keyword arguments for the model builder",
-                                         factory=dict)
+    name: ModelName = spec_field("resnet50", doc="architecture from the model catalog "
+                                 "(hpc_train/models/catalog.py)")
+    # Only the options given, converted: the defaults have one home, the catalog, and a loaded
+    # spec equals one built by hand.
+    options: dict[str, Any] = spec_field(
+        doc="the model's own options, as declared in its catalog entry; unset ones take the "
+        "catalog's defaults", factory=dict, declared_by=lambda model: options_of(model["name"]))
 
 
 @dataclass(frozen=True)
 class OptimSpec:
     name: Literal["sgd", "adamw"] = spec_field("sgd", doc="optimizer")
-    base_lr: float = spec_field(0.1, doc="learning rate per 256 images; scaled by global batch",
-                                gt=0)
+    base_lr: float = spec_field(0.1, doc="learning rate per 256 samples; scaled by samples per "
+                                "optimizer step", gt=0)
     momentum: float = spec_field(0.9, doc="SGD momentum (beta1 for adamw)", ge=0, le=1)
     weight_decay: float = spec_field(1e-4, doc="L2 / decoupled weight decay", ge=0)
     nesterov: bool = spec_field(False, doc="Nesterov momentum (sgd)")
@@ -193,6 +208,22 @@ class LogSpec:
     every_steps: int = spec_field(20, doc="log metrics every N optimizer steps", ge=1)
 
 
+def scale_lr(base_lr: float, samples_per_step: int, *, reference_batch: int = 256) -> float:
+    """Linear scaling rule: `base_lr * samples_per_step / reference_batch` (Goyal et al. 2017).
+
+    `samples_per_step` is the batch of one optimizer step over all ranks (`JobSpec.
+    samples_per_step`): per-replica batch x replicas x accumulation steps.
+    """
+    if not base_lr > 0:
+        raise ValueError(f"base_lr must be > 0, got {base_lr!r}")
+    if isinstance(samples_per_step, bool) or not isinstance(samples_per_step, int) \
+            or samples_per_step < 1:
+        raise ValueError(f"samples_per_step must be a positive integer, got {samples_per_step!r}")
+    if reference_batch < 1:
+        raise ValueError(f"reference_batch must be >= 1, got {reference_batch!r}")
+    return base_lr * samples_per_step / reference_batch
+
+
 @dataclass(frozen=True)
 class JobSpec:
     """A whole job. Sections are the top-level YAML keys; only `run.name` has no default."""
@@ -223,15 +254,16 @@ class JobSpec:
         return self.parallel.pipeline.stages > 1
 
     @property
-    def global_batch(self) -> int:
+    def samples_per_step(self) -> int:
         """Samples per optimizer step: per-replica batch x replicas x accumulation (without a
-        pipeline every rank is a replica)."""
+        pipeline every rank is a replica). One backward pass of all ranks is `accumulation`
+        times fewer (the sampler's `samples_per_pass`)."""
         return self.data.batch_size * self.replicas * self.parallel.accumulation
 
     @property
     def scaled_lr(self) -> float:
-        """The linear scaling rule: base_lr is per 256 images."""
-        return self.optim.base_lr * self.global_batch / 256
+        """The peak LR of the schedule: base_lr (per 256 samples) scaled by `scale_lr`."""
+        return scale_lr(self.optim.base_lr, self.samples_per_step)
 
     @property
     def time_seconds(self) -> int:

@@ -39,13 +39,13 @@ def describe_spec(spec: JobSpec) -> str:
     slurm, gpus = spec.slurm, f"{spec.slurm.gpus_per_node} GPU(s)/node" if spec.uses_gpu else "CPU"
     pipe = spec.parallel.pipeline
     if spec.uses_pipeline:
-        batch = (f"global batch: {spec.global_batch} = {spec.data.batch_size} per replica x "
+        batch = (f"samples/step: {spec.samples_per_step} = {spec.data.batch_size} per replica x "
                  f"{spec.replicas} replica(s) x {spec.parallel.accumulation} accumulation",
                  f"pipeline:     {pipe.stages} stages x {spec.replicas} replica(s), "
                  f"{pipe.microbatches} micro-batches, {pipe.schedule}, balance {pipe.balance}"
                  + (", remat" if pipe.remat else ""))
     else:
-        batch = (f"global batch: {spec.global_batch} = {spec.data.batch_size} per rank x "
+        batch = (f"samples/step: {spec.samples_per_step} = {spec.data.batch_size} per rank x "
                  f"{spec.world_size} rank(s) x {spec.parallel.accumulation} accumulation",)
     return "\n".join([
         f"run:          {spec.run.name}",

@@ -11,17 +11,20 @@ from __future__ import annotations
 import re
 
 
+# Every pattern here is applied with `fullmatch`: `re.match` with `$` also accepts a value that
+# ends in a newline ("smoke\n"), which would then break an sbatch line or a path. `\d` is ASCII
+# only (re.ASCII): Slurm reads no other digits.
 SLURM_TIME_FORMATS = "MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS"
-_TIME_WITH_DAYS = re.compile(r"^(\d+)-(\d+)(?::(\d+))?(?::(\d+))?$")
-_TIME_PLAIN = re.compile(r"^(\d+)(?::(\d+))?(?::(\d+))?$")
+_TIME_WITH_DAYS = re.compile(r"(\d+)-(\d+)(?::(\d+))?(?::(\d+))?", re.ASCII)
+_TIME_PLAIN = re.compile(r"(\d+)(?::(\d+))?(?::(\d+))?", re.ASCII)
 
-RUN_NAME = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
-MEMORY = re.compile(r"^\d+[KMGT]?$")
-ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-SBATCH_OPTION = re.compile(r"^[a-z0-9][a-z0-9_-]*$")
+RUN_NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")
+MEMORY = re.compile(r"\d+[KMGT]?", re.ASCII)
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+SBATCH_OPTION = re.compile(r"[a-z0-9][a-z0-9_-]*")
 # Partition, account, qos and constraint names. Constraints need & | ! ( ) [ ] * , : for
 # expressions such as "a100&(ib|eth)"; nothing here is a quote, `$`, `;`, a space or a newline.
-SLURM_NAME = re.compile(r"^[A-Za-z0-9._,:|&!()\[\]*@+=-]+$")
+SLURM_NAME = re.compile(r"[A-Za-z0-9._,:|&!()\[\]*@+=-]+")
 
 
 def slurm_time_seconds(text: str) -> int | None:
@@ -30,13 +33,13 @@ def slurm_time_seconds(text: str) -> int | None:
     Slurm reads one number as minutes, two as MM:SS, three as HH:MM:SS; with a day part,
     D-HH, D-HH:MM, D-HH:MM:SS. Minutes and seconds after the first field must be < 60.
     """
-    days_match = _TIME_WITH_DAYS.match(text)
+    days_match = _TIME_WITH_DAYS.fullmatch(text)
     if days_match:
         days, hours, minutes, seconds = (int(p) if p else 0 for p in days_match.groups())
         if minutes >= 60 or seconds >= 60 or hours >= 24:
             return None
         return ((days * 24 + hours) * 60 + minutes) * 60 + seconds
-    plain = _TIME_PLAIN.match(text)
+    plain = _TIME_PLAIN.fullmatch(text)
     if not plain:
         return None
     parts = [int(p) for p in plain.groups() if p is not None]
@@ -62,7 +65,7 @@ def check_slurm_time(text: str):
 
 
 def check_run_name(text: str):
-    if RUN_NAME.match(text):
+    if RUN_NAME.fullmatch(text):
         return None
     return ("run.name becomes a directory and a Slurm job name: 1-64 characters from "
             "A-Z a-z 0-9 . _ - (no spaces, slashes or shell characters)",
@@ -70,7 +73,7 @@ def check_run_name(text: str):
 
 
 def check_memory(text: str):
-    if MEMORY.match(text):
+    if MEMORY.fullmatch(text):
         return None
     return ("Slurm memory is a whole number with an optional unit K, M, G or T "
             "(no space, no 'B', no decimals)",
@@ -78,7 +81,7 @@ def check_memory(text: str):
 
 
 def check_slurm_name(text: str):
-    if SLURM_NAME.match(text):
+    if SLURM_NAME.fullmatch(text):
         return None
     return ("Slurm names may only hold letters, digits and . _ , : | & ! ( ) [ ] * @ + = - "
             "(no spaces, quotes, $, ;, backticks, redirections or newlines)",
@@ -113,14 +116,14 @@ def check_argument(text: str):
 
 
 def check_env_name(text: str):
-    if ENV_NAME.match(text):
+    if ENV_NAME.fullmatch(text):
         return None
     return ("environment variable names are letters, digits and _, not starting with a digit",
             "rename it, e.g. OMP_NUM_THREADS")
 
 
 def check_sbatch_option(text: str):
-    if SBATCH_OPTION.match(text):
+    if SBATCH_OPTION.fullmatch(text):
         return None
     return ("sbatch option names are lower-case letters, digits, _ and -, without the leading --",
             "write the long option name, e.g. slurm.extra: {exclusive: \"\", mail-type: END}")

@@ -63,7 +63,7 @@ def _token_datasets(spec):
         text = generate_corpus(sequences * data.seq_len + 1, seed)
         return TokenWindows(np.frombuffer(text, dtype=np.uint8), data.seq_len)
 
-    train = corpus(data.train_samples or spec.global_batch * 100, spec.run.seed)
+    train = corpus(data.train_samples or spec.samples_per_step * 100, spec.run.seed)
     # Validation: another seed, so other sentences of the same language.
     val = corpus(data.val_samples, spec.run.seed + 1) if data.val_samples else None
     return train, val
@@ -76,7 +76,7 @@ def _datasets(spec):
     if data.kind == "synthetic":
         from hpc_train.data.synthetic import SyntheticImages
 
-        train_samples = data.train_samples or spec.global_batch * 100
+        train_samples = data.train_samples or spec.samples_per_step * 100
         train = SyntheticImages(train_samples, data.num_classes, data.image_size, seed=spec.run.seed)
         val = None
         if data.val_samples:

@@ -37,7 +37,7 @@ class PipelineTrainer(Trainer):
         self.layout = PipelineLayout(me.size, pipe.stages)
         init_torch_distributed(me.rank, me.size, self.device)
         torch.manual_seed(spec.run.seed)   # every rank builds the same full model, keeps a stage
-        full = build_model("gpt", spec.data.num_classes, seq_len=spec.data.seq_len, **spec.model.options)
+        full = build_model("gpt", spec.data.vocab_size, spec.model.options, seq_len=spec.data.seq_len)
         balance = pipe.balance if isinstance(pipe.balance, str) else tuple(pipe.balance)
         earlier = events.first_pipeline_cut(events.read(self.paths)) if balance == "time" else None
         if earlier:
@@ -47,7 +47,7 @@ class PipelineTrainer(Trainer):
         config = PipelineConfig(pipe.stages, pipe.microbatches, pipe.schedule, balance, pipe.remat,
                                 spec.parallel.backend)
         micro = spec.data.batch_size // pipe.microbatches
-        example = torch.randint(spec.data.num_classes, (micro, spec.data.seq_len))
+        example = torch.randint(spec.data.vocab_size, (micro, spec.data.seq_len))
         self.precision = AgreedLossScaler(spec.precision.mode, spec.precision.loss_scale,
                                           spec.precision.init_scale)
         self.engine = PipelineEngine(full, self.layout, me.rank, self.device, config, lm_loss,
@@ -77,7 +77,7 @@ class PipelineTrainer(Trainer):
         return [window.loss_sum, float(window.steps)] if self.engine.is_last else [0.0, 0.0]
 
     def throughput(self, steps: int, elapsed: float) -> dict:
-        samples = self.spec.global_batch * steps / elapsed
+        samples = self.spec.samples_per_step * steps / elapsed
         return {"samples_per_s": samples, "tokens_per_s": samples * self.spec.data.seq_len}
 
     def identity_fields(self) -> dict:

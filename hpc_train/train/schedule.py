@@ -1,7 +1,8 @@
-"""Learning-rate schedule: linear scaling rule, linear warmup, then cosine / step / constant.
+"""Learning-rate schedule: linear warmup to the peak LR, then cosine / step / constant.
 
 The math is pure functions of the optimizer step (no torch), so it is tested with plain
-numbers and a resumed run gets the same LR from the step counter alone.
+numbers and a resumed run gets the same LR from the step counter alone. The peak LR is the
+spec's `scaled_lr` (the linear scaling rule, `spec.schema.scale_lr`).
 
 `step` is always the OPTIMIZER step index (one per `optimizer.step()`, i.e. after gradient
 accumulation), counted from 0. Epoch quantities are turned into steps with
@@ -21,24 +22,9 @@ from __future__ import annotations
 import math
 from typing import Any, Iterable, Sequence
 
-__all__ = ["SCHEDULES", "scaled_lr", "lr_at", "LrSchedule"]
+__all__ = ["SCHEDULES", "lr_at", "LrSchedule"]
 
 SCHEDULES = ("cosine", "step", "constant")
-
-
-def scaled_lr(base_lr: float, global_batch: int, *, reference_batch: int = 256) -> float:
-    """Linear scaling rule: `base_lr * global_batch / reference_batch` (Goyal et al. 2017).
-
-    `global_batch` is the batch per optimizer step over all ranks:
-    per_rank_batch * world_size * accumulation_steps.
-    """
-    if not base_lr > 0:
-        raise ValueError(f"base_lr must be > 0, got {base_lr!r}")
-    if isinstance(global_batch, bool) or not isinstance(global_batch, int) or global_batch < 1:
-        raise ValueError(f"global_batch must be a positive integer, got {global_batch!r}")
-    if reference_batch < 1:
-        raise ValueError(f"reference_batch must be >= 1, got {reference_batch!r}")
-    return base_lr * global_batch / reference_batch
 
 
 def _steps(epochs: float, steps_per_epoch: int) -> int:

@@ -85,7 +85,7 @@ class Trainer:
         spec = self.spec
         self.backend = make_backend(spec.parallel.backend, self.identity, self.device)
         torch.manual_seed(spec.run.seed)  # the same initial weights everywhere, before broadcast
-        model = build_model(spec.model.name, spec.data.num_classes, **spec.model.options)
+        model = build_model(spec.model.name, spec.data.num_classes, spec.model.options)
         model = model.to(self.device)
         optimizer = build_optimizer(spec.optim, model.parameters(), lr=spec.scaled_lr)
         self.model, self.optimizer = self.backend.prepare(
@@ -111,9 +111,10 @@ class Trainer:
         self.heartbeat.progress(phase="resuming")
         resumed = checkpoints.resume()
         if self.identity.is_main and not resumed:
+            # The event's field keeps its name `global_batch`: run directories are a file format.
             events.try_record(self.paths, events.training_started(
                 total_steps=self.total_steps, steps_per_epoch=self.steps_per_epoch,
-                world_size=self.identity.size, global_batch=self.spec.global_batch,
+                world_size=self.identity.size, global_batch=self.spec.samples_per_step,
                 peak_lr=self.spec.scaled_lr, device=str(self.device)))
         while self.step < self.total_steps:
             epoch, done_in_epoch = divmod(self.step, self.steps_per_epoch)
@@ -148,7 +149,7 @@ class Trainer:
 
     def consumed_in_epoch(self, steps_in_epoch: int) -> int:
         """Global samples of the epoch's order trained by `steps_in_epoch` optimizer steps."""
-        return steps_in_epoch * self.spec.parallel.accumulation * self.sampler.global_batch
+        return steps_in_epoch * self.spec.parallel.accumulation * self.sampler.samples_per_pass
 
     def _micro_batches(self, batches):
         accumulation = self.spec.parallel.accumulation
@@ -199,7 +200,7 @@ class Trainer:
         return [window.loss_sum, float(window.steps)]
 
     def throughput(self, steps: int, elapsed: float) -> dict:
-        return {"images_per_s": self.spec.global_batch * steps / elapsed}
+        return {"images_per_s": self.spec.samples_per_step * steps / elapsed}
 
     def _log(self, epoch: int, lr: float, window: Window) -> None:
         # One small collective per logged step: the mean loss over all ranks.

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import sys
 
-from hpc_train.inspect.diagnose import Diagnosis
-from hpc_train.inspect.launcher import STOPPED_ON_PURPOSE
-from hpc_train.inspect.runstate import RunStatus
+from hpc_train.inspection.diagnose import Diagnosis
+from hpc_train.inspection.launcher import STOPPED_ON_PURPOSE
+from hpc_train.inspection.runstate import RunStatus
 
 _STATE_STYLE = {"RUNNING": "green", "COMPLETED": "bold green", "PENDING": "yellow",
                 "REQUEUED": "yellow", "FAILED": "bold red", "TIMEOUT": "red", "CANCELLED": "red",

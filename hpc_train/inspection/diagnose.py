@@ -22,13 +22,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from hpc_train import events
-from hpc_train.inspect import health, logs
-from hpc_train.inspect.launcher import RankExit, exit_hint, rank_exits
-from hpc_train.inspect.logparse import Line, Traceback, run_index, stack_dump, tracebacks
-from hpc_train.inspect.signatures import (BY_ID, STALL_ADVICE, STALL_DONE, STALL_LIVE, Match,
+from hpc_train.inspection import health, logs
+from hpc_train.inspection.launcher import RankExit, exit_hint, rank_exits
+from hpc_train.inspection.logparse import Line, Traceback, run_index, stack_dump, tracebacks
+from hpc_train.inspection.signatures import (BY_ID, STALL_ADVICE, STALL_DONE, STALL_LIVE, Match,
                                           match_signatures, missing_ranks)
-from hpc_train.inspect.slurm_state import SlurmInfo
-from hpc_train.rundir import RunPaths
+from hpc_train.inspection.slurm_state import SlurmInfo
+from hpc_train.rundir import EVENTS_FILE, RunPaths
 from hpc_train.runtime import heartbeat
 
 # Exceptions that are consequences of another rank's failure, not causes.
@@ -173,7 +173,7 @@ def stall_signature(stall: dict) -> dict:
     if stall["ending"] and not stall["was_requeued"]:
         done = (f"the driver tore the ranks down; the job was not requeued "
                 f"({stall['detail'] or stall['ending']})")
-    return _signature(_STALL_SIGNATURE.title, f"{done}; {STALL_ADVICE}", "events.jsonl", line)
+    return _signature(_STALL_SIGNATURE.title, f"{done}; {STALL_ADVICE}", EVENTS_FILE, line)
 
 
 def _rank_words(rank: dict) -> str:
@@ -188,10 +188,11 @@ def _signature(title: str, fix: str, source: str, line: str) -> dict:
 
 
 def driver_logs(paths: RunPaths, job_id: str | None) -> list[Path]:
-    """The driver's output: submitit's logs of this job (all jobs if unknown) and slurm-*.out."""
+    """The driver's output: submitit's logs of this job (all jobs if unknown) and a rendered
+    script's batch output."""
     pattern = f"{job_id}_*" if job_id else "*"
     found = [p for p in sorted(paths.submitit.glob(pattern)) if p.suffix in (".out", ".err")]
-    return found + sorted(paths.root.glob(f"slurm-{job_id or '*'}.out"))
+    return found + sorted(paths.root.glob(paths.slurm_output(job_id or "*").name))
 
 
 def diagnose(paths: RunPaths, run: int | None = None, slurm: SlurmInfo | None = None,
@@ -225,7 +226,7 @@ def diagnose(paths: RunPaths, run: int | None = None, slurm: SlurmInfo | None = 
     else:
         traced = first_failure(per_rank)
         silent = None if stop else silent_failure(per_rank, ended, lines)
-    signatures = [_describe(m) for m in match_signatures(_signature_lines(driver, lines, slurm, window))]
+    signatures = [_describe(m) for m in match_signatures(_signature_lines(paths, driver, lines, slurm, window))]
     if stall is not None:
         if stall["source"] == "driver" and any(s["id"] == "slurm_time_limit" for s in signatures):
             stall["time_limit"] = True
@@ -258,18 +259,18 @@ def _driver_lines(paths: RunPaths, job_id: str | None):
             yield path.name, text
 
 
-def _signature_lines(driver: list[tuple[str, str]], lines: dict[int, list[Line]],
+def _signature_lines(paths: RunPaths, driver: list[tuple[str, str]], lines: dict[int, list[Line]],
                      slurm: SlurmInfo | None, window: list[dict]):
     if slurm is not None:
         yield "sacct", f"State={slurm.state}"
     yield from driver
     for rank, found in lines.items():
-        name = f"rank-{rank:05d}.log"
+        name = paths.rank_log(rank).name
         for line in found:
             yield name, line.text
     for error in events.checkpoint_errors(window):     # a checkpoint that did not load
         for text in error.splitlines():
-            yield "events.jsonl", text
+            yield EVENTS_FILE, text
 
 
 def _describe(match: Match) -> dict:

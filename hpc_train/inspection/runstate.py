@@ -12,8 +12,8 @@ from pathlib import Path
 
 from hpc_train import events as ev
 from hpc_train.checkpoint.layout import MARKER, list_complete, step_dir_name
-from hpc_train.inspect.health import DEFAULT_STALL_SECONDS, Beat, Health, assess
-from hpc_train.inspect.slurm_state import SlurmInfo
+from hpc_train.inspection.health import DEFAULT_STALL_SECONDS, Beat, Health, assess
+from hpc_train.inspection.slurm_state import SlurmInfo
 from hpc_train.rundir import RunPaths, read_jsonl
 from hpc_train.runtime import heartbeat
 

@@ -26,7 +26,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from hpc_train.inspect.logparse import stamp_time
+from hpc_train.inspection.logparse import stamp_time
 from hpc_train.runtime.stop import STOP_EXIT
 
 STOPPED_ON_PURPOSE = f"exit code {STOP_EXIT}"

@@ -16,17 +16,15 @@ from pathlib import Path
 
 from hpc_train import events
 from hpc_train.errors import InspectError
-from hpc_train.inspect.logparse import Line, run_index, timed_lines
-from hpc_train.rundir import RunPaths
-
-_RANK_FILE = re.compile(r"rank-(\d+)\.log")
+from hpc_train.inspection.logparse import Line, run_index, timed_lines
+from hpc_train.rundir import RANK_LOG, RunPaths
 
 
 def rank_logs(paths: RunPaths) -> dict[int, Path]:
     found = {}
     if paths.logs.is_dir():
         for path in paths.logs.iterdir():
-            if match := _RANK_FILE.fullmatch(path.name):
+            if match := RANK_LOG.fullmatch(path.name):
                 found[int(match.group(1))] = path
     return dict(sorted(found.items()))
 

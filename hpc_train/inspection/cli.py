@@ -11,6 +11,7 @@ from pathlib import Path
 
 from hpc_train.argtypes import positive_int
 from hpc_train.errors import InspectError
+from hpc_train.rundir import RunPaths
 
 _JOB_ID = re.compile(r"\d+(_\d+)?")
 _FAILED = {"FAILED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "CANCELLED", "PREEMPTED", "BOOT_FAIL",
@@ -22,23 +23,24 @@ def run_dirs(root: Path) -> list[Path]:
     """Run directories under the run root, newest first (by their events file)."""
     if not root.is_dir():
         raise InspectError(f"--root {root}: no such directory")
-    found = [p for p in root.iterdir() if (p / "events.jsonl").is_file()]
-    return sorted(found, key=lambda p: (p / "events.jsonl").stat().st_mtime, reverse=True)
+    found = [p for p in root.iterdir() if RunPaths(p).events.is_file()]
+    return sorted(found, key=lambda p: RunPaths(p).events.stat().st_mtime, reverse=True)
 
 
 def find_run(target: str, root: Path) -> Path:
     """RUN_DIR, or a Slurm job id looked up in the events under the run root."""
     path = Path(target)
     if path.is_dir():
-        if not (path / "spec.yaml").is_file() and not (path / "events.jsonl").is_file():
-            raise InspectError(f"{path}: not a run directory (no spec.yaml, no events.jsonl)")
+        paths = RunPaths(path)
+        if not paths.spec.is_file() and not paths.events.is_file():
+            raise InspectError(f"{path}: not a run directory (no {paths.spec.name}, no {paths.events.name})")
         return path.resolve()
     if _JOB_ID.fullmatch(target) and root.is_dir():
         from hpc_train import events
         from hpc_train.rundir import read_jsonl
 
         for candidate in run_dirs(root):
-            if events.has_job(read_jsonl(candidate / "events.jsonl"), target):
+            if events.has_job(read_jsonl(RunPaths(candidate).events), target):
                 return candidate.resolve()
         raise InspectError(f"job {target}: no run under {root} has it (try --root)")
     raise InspectError(f"{target}: neither a run directory nor a job id")
@@ -54,8 +56,8 @@ def build_status(run_dir: Path, slurm: bool = True, baseline: float | None = Non
                  stall_minutes: float = 10.0):
     """One run's RunStatus, with Slurm's live state and a diagnosis when it failed or stalls."""
     from hpc_train import events as ev
-    from hpc_train.inspect import diagnose, logs, runstate, signatures, slurm_state
-    from hpc_train.rundir import RunPaths, read_jsonl
+    from hpc_train.inspection import diagnose, logs, runstate, signatures, slurm_state
+    from hpc_train.rundir import read_jsonl
 
     paths = RunPaths(run_dir)
     events = ev.read(paths)
@@ -78,7 +80,7 @@ def build_status(run_dir: Path, slurm: bool = True, baseline: float | None = Non
 
 
 def _status(args: argparse.Namespace) -> int:
-    from hpc_train.inspect import render, runstate
+    from hpc_train.inspection import render, runstate
 
     root = Path(args.root)
     if args.all:
@@ -113,8 +115,7 @@ def _status(args: argparse.Namespace) -> int:
 
 
 def _logs(args: argparse.Namespace) -> int:
-    from hpc_train.inspect import logs
-    from hpc_train.rundir import RunPaths
+    from hpc_train.inspection import logs
 
     paths = RunPaths(find_run(args.run_dir, Path(args.root)))
     ranks = None if args.all_ranks else [args.rank]
@@ -130,8 +131,7 @@ def _logs(args: argparse.Namespace) -> int:
 
 def _diagnose(args: argparse.Namespace) -> int:
     from hpc_train import events
-    from hpc_train.inspect import diagnose, render, slurm_state
-    from hpc_train.rundir import RunPaths
+    from hpc_train.inspection import diagnose, render, slurm_state
 
     paths = RunPaths(find_run(args.run_dir, Path(args.root)))
     job_ids = events.job_ids(events.read(paths))
@@ -145,8 +145,7 @@ def _diagnose(args: argparse.Namespace) -> int:
 
 
 def _plot(args: argparse.Namespace) -> int:
-    from hpc_train.inspect.plot import plot_run
-    from hpc_train.rundir import RunPaths
+    from hpc_train.inspection.plot import plot_run
 
     paths = RunPaths(find_run(args.run_dir, Path(args.root)))
     plot_run(paths, Path(args.output))
