@@ -8,14 +8,14 @@ import itertools
 import pytest
 
 from hpc_train.parallel.pipeline.balance import balance_blocks, bubble_fraction, stage_bounds, stage_costs
-from hpc_train.parallel.pipeline.layout import PipelineLayout
+from hpc_train.parallel.layout import LayoutError, ParallelLayout
 from hpc_train.spec import spec_from_dict
 from hpc_train.spec.pipeline_rules import gpt_blocks
 from hpc_train.spec.problems import SpecInvalid
 
 
 def test_layout_puts_a_pipeline_on_consecutive_ranks():
-    layout = PipelineLayout(world=8, stages=4)
+    layout = ParallelLayout(world_size=8, stages=4)
     assert layout.replicas == 2
     assert layout.all_pipelines() == [[0, 1, 2, 3], [4, 5, 6, 7]]
     assert layout.all_replica_sets() == [[0, 4], [1, 5], [2, 6], [3, 7]]
@@ -23,11 +23,28 @@ def test_layout_puts_a_pipeline_on_consecutive_ranks():
         assert rank == layout.replica_of(rank) * 4 + layout.stage_of(rank)
         assert rank in layout.pipeline_ranks(layout.replica_of(rank))
         assert rank in layout.replica_ranks(layout.stage_of(rank))
+        # all stages of one pipeline read the same data part, one part per replica
+        assert layout.data_part(rank) == (layout.replica_of(rank), 2)
+        place = layout.of_rank(rank)
+        assert (place.stage, place.replica, place.data_part) == \
+            (layout.stage_of(rank), layout.replica_of(rank), layout.data_part(rank))
+
+
+def test_layout_without_pipeline_makes_every_rank_a_replica():
+    layout = ParallelLayout(world_size=4)
+    assert layout.replicas == 4 and not layout.uses_pipeline
+    assert [layout.data_part(r) for r in range(4)] == [(0, 4), (1, 4), (2, 4), (3, 4)]
+    assert [layout.stage_of(r) for r in range(4)] == [0, 0, 0, 0]
 
 
 def test_layout_refuses_partial_pipelines():
-    with pytest.raises(ValueError, match="multiple of the stage count"):
-        PipelineLayout(world=6, stages=4)
+    with pytest.raises(LayoutError, match="multiple of the stage count") as caught:
+        ParallelLayout(world_size=6, stages=4)
+    assert isinstance(caught.value, ValueError) and caught.value.fitting_world == 8
+    assert "use 8 ranks" in str(caught.value)
+    assert ParallelLayout.problem(6, 4).fitting_world == 8 and ParallelLayout.problem(8, 4) is None
+    with pytest.raises(ValueError, match="outside a world"):
+        ParallelLayout(world_size=8, stages=4).of_rank(8)
 
 
 def brute_force_best(costs, stages):
@@ -112,6 +129,7 @@ def pipeline_spec(**pipeline):
 def test_a_valid_pipeline_spec_and_its_batch_arithmetic():
     spec = spec_from_dict(pipeline_spec(stages=2, microbatches=8, schedule="1f1b", balance=[3, 3]))
     assert spec.replicas == 2 and spec.uses_pipeline
+    assert spec.layout == ParallelLayout(world_size=4, stages=2)
     assert spec.samples_per_step == 16 * 2      # per replica x replicas, not x ranks
 
 

@@ -31,7 +31,7 @@ from hpc_train.models.gpt import gpt, lm_loss
 from hpc_train.parallel.data_parallel import init_torch_distributed
 from hpc_train.parallel.pipeline.balance import bubble_fraction
 from hpc_train.parallel.pipeline.engine import BusyClock, PipelineConfig, PipelineEngine
-from hpc_train.parallel.pipeline.layout import PipelineLayout
+from hpc_train.parallel.layout import ParallelLayout
 from hpc_train.parallel.pipeline.memory import SavedTensorMeter
 from hpc_train.parallel.pipeline.scaler import AgreedLossScaler
 from hpc_train.runtime.identity import rank_from_env
@@ -65,7 +65,7 @@ def stage_clock(engine: PipelineEngine, device: torch.device):
     return clock
 
 
-def run_config(s: dict, layout: PipelineLayout, rank: int, device: torch.device, micro: int,
+def run_config(s: dict, layout: ParallelLayout, rank: int, device: torch.device, micro: int,
                remat: bool, batch: torch.Tensor) -> tuple[dict, PipelineEngine]:
     torch.manual_seed(0)
     model = gpt(VOCAB, layers=s["layers"], dim=s["dim"], heads=s["heads"], seq_len=s["seq_len"])
@@ -123,7 +123,7 @@ def main() -> None:
     else:
         device = torch.device("cpu")
         torch.set_num_threads(s["threads"])
-    layout = PipelineLayout(me.size, s["stages"])
+    layout = ParallelLayout(me.size, s["stages"])
     init_torch_distributed(me.rank, me.size, device)
     gen = torch.Generator().manual_seed(1)
     batch = torch.randint(VOCAB, (s["batch"], s["seq_len"] + 1), generator=gen)

@@ -8,6 +8,7 @@ micro-batches that do not split the batch) or fail only after the queue wait.
 from __future__ import annotations
 
 from hpc_train.models.catalog import GptOptions
+from hpc_train.parallel.layout import ParallelLayout
 from hpc_train.spec.problems import Problem
 from hpc_train.spec.schema import BYTE_VOCAB, TOKEN_KINDS, JobSpec
 
@@ -71,15 +72,14 @@ def pipeline_needs_gpt(spec: JobSpec) -> list[Problem]:
 
 def whole_pipelines(spec: JobSpec) -> list[Problem]:
     stages, world = spec.parallel.pipeline.stages, spec.world_size
-    if world % stages == 0:
+    problem = ParallelLayout.problem(world, stages)    # the same check every rank's layout makes
+    if problem is None:
         return []
-    enough = -(-world // stages) * stages      # the next multiple of the stage count
     return [Problem("parallel.pipeline.stages", f"{stages} with {world} ranks "
                     f"(slurm.nodes {spec.slurm.nodes} x slurm.tasks_per_node "
-                    f"{spec.slurm.tasks_per_node})", "ranks = stages x replicas: the rank count "
-                    "must be a multiple of the stage count",
-                    f"use {enough} ranks (slurm.nodes x slurm.tasks_per_node), or a stage count "
-                    f"that divides {world}")]
+                    f"{spec.slurm.tasks_per_node})", problem.rule,
+                    f"use {problem.fitting_world} ranks (slurm.nodes x slurm.tasks_per_node), "
+                    f"or a stage count that divides {world}")]
 
 
 def microbatches_split_batch(spec: JobSpec) -> list[Problem]:

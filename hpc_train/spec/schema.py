@@ -12,6 +12,7 @@ from dataclasses import MISSING, dataclass, field
 from typing import Any, Callable, Literal, Optional, Union
 
 from hpc_train.models.catalog import MODEL_NAMES, options_of
+from hpc_train.parallel.layout import ParallelLayout
 from hpc_train.spec import values
 
 ModelName = Literal[MODEL_NAMES]        # the model catalog's names: one list
@@ -245,9 +246,16 @@ class JobSpec:
         return self.slurm.nodes * self.slurm.tasks_per_node
 
     @property
+    def layout(self) -> ParallelLayout:
+        """World size x pipeline stages, and everything derived from them (replicas, each rank's
+        stage, replica and data part); raises LayoutError when the ranks do not form whole
+        pipelines (the submit-time rule `whole_pipelines` reports that first)."""
+        return ParallelLayout(self.world_size, self.parallel.pipeline.stages)
+
+    @property
     def replicas(self) -> int:
-        """Data-parallel copies of the model: ranks / pipeline stages."""
-        return self.world_size // self.parallel.pipeline.stages
+        """Data-parallel copies of the model (asked of the layout)."""
+        return self.layout.replicas
 
     @property
     def uses_pipeline(self) -> bool:

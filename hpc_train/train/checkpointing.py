@@ -27,6 +27,9 @@ class StopForRequeue(Exception):
 
 
 class Checkpointing:
+    """Saves and restores `trainer.states` (a `state.CheckpointedState`): which components go to
+    which file is the mapping's, not this class's."""
+
     def __init__(self, trainer, stop: StopFlag | None = None):
         self.trainer = trainer
         ckpt = trainer.spec.checkpoint
@@ -77,8 +80,8 @@ class Checkpointing:
                                              allowed=meta.get("spec_hash") == self.hash
                                              or self._spec_change_allowed(meta.get("spec_hash")))
             self._saved_world_size = meta.get("world_size")
-            self.trainer.restore_state(replicated, per_rank,
-                                       lambda name: self.manager.load_file(step, name))
+            self.trainer.states.load(replicated, per_rank,
+                                     lambda name: self.manager.load_file(step, name))
         except CheckpointMismatch:
             raise
         except CheckpointError as exc:
@@ -108,7 +111,9 @@ class Checkpointing:
             return
         started = time.perf_counter()
         self.trainer.heartbeat.progress(phase="checkpoint")
-        replicated, per_rank, files = self.trainer.capture_state()
+        replicated, per_rank, files = self.trainer.states.capture()
+        replicated["spec"] = self.trainer.spec_dict      # checked against the job's at resume
+        per_rank["rank"] = self.trainer.identity.rank
         path = self.manager.save(step, replicated, per_rank, {"spec_hash": self.hash, "reason": reason},
                                  files)
         self.last_saved_step, self.last_save_time = step, time.monotonic()

@@ -1,45 +1,75 @@
-"""The trainer of a pipeline job: the data-parallel loop with a pipeline step inside.
+"""The parts of a pipeline job, run by the same `Trainer` loop as a data-parallel job.
 
-Everything around the step is the data-parallel `Trainer`'s: epochs, stop agreement, requeue,
-checkpoint cadence, logging, heartbeats. What differs is here: the model is this rank's stage of
-the gpt block list, all ranks of one pipeline read the same samples (the first stage needs the
-inputs, the last the targets), the loss lives on the last stage, and each stage checkpoints
-its own weights and optimizer (written once per stage, by replica 0).
+Everything around the step is the `Trainer`'s: epochs, stop agreement, requeue, checkpoint
+cadence, logging, heartbeats. What differs is provided here: the model is this rank's stage of
+the gpt block list, all ranks of one pipeline read the same samples (the layout's data part),
+the loss lives on the last stage, and each stage checkpoints its own weights and optimizer
+(written once per stage, by replica 0).
 """
 
 from __future__ import annotations
 
 import torch
 
-from hpc_train.checkpoint.rng import capture_rng
 from hpc_train.errors import CheckpointMismatch
 from hpc_train.models import build_model
 from hpc_train.models.gpt import lm_loss
 from hpc_train.parallel.data_parallel import init_torch_distributed
 from hpc_train.parallel.pipeline.engine import PipelineConfig, PipelineEngine
-from hpc_train.parallel.pipeline.layout import PipelineLayout
 from hpc_train.parallel.pipeline.scaler import AgreedLossScaler
 from hpc_train import events
-from hpc_train.train import state
 from hpc_train.train.meters import Window
 from hpc_train.train.optim import build_optimizer
-from hpc_train.train.trainer import Trainer, log
+from hpc_train.train.state import CheckpointedState
+from hpc_train.train.trainer import DataParallelParts, Trainer, log
 
 
 def stage_file(stage: int) -> str:
     return f"stage-{stage:05d}.pt"
 
 
-class PipelineTrainer(Trainer):
-    def _build_model(self) -> None:
-        spec, me = self.spec, self.identity
+class StageCut:
+    """Blocks per stage: saved, and checked at resume (a stage file only fits the same cut)."""
+
+    def __init__(self, sizes):
+        self.sizes = list(sizes)
+
+    def state_dict(self) -> dict:
+        return {"sizes": self.sizes}
+
+    def load_state_dict(self, state: dict) -> None:
+        saved = list(state["sizes"])
+        if saved != self.sizes:
+            raise CheckpointMismatch(f"the checkpoint's stages hold {saved} blocks, this job "
+                                     f"cuts {self.sizes}: resume with the same "
+                                     "parallel.pipeline stages and balance")
+
+
+class StageWeights:
+    """This rank's stage of the block list."""
+
+    def __init__(self, module):
+        self.module = module
+
+    def state_dict(self) -> dict:
+        return self.module.block_state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.module.load_block_state_dict(state)
+
+
+class PipelineParts:
+    accuracy_name = "next-token accuracy"
+
+    def __init__(self, spec, paths, identity, device: torch.device):
+        self.spec = spec
         pipe = spec.parallel.pipeline
-        self.layout = PipelineLayout(me.size, pipe.stages)
-        init_torch_distributed(me.rank, me.size, self.device)
+        self.layout = spec.layout
+        init_torch_distributed(identity.rank, identity.size, device)
         torch.manual_seed(spec.run.seed)   # every rank builds the same full model, keeps a stage
         full = build_model("gpt", spec.data.vocab_size, spec.model.options, seq_len=spec.data.seq_len)
         balance = pipe.balance if isinstance(pipe.balance, str) else tuple(pipe.balance)
-        earlier = events.first_pipeline_cut(events.read(self.paths)) if balance == "time" else None
+        earlier = events.first_pipeline_cut(events.read(paths)) if balance == "time" else None
         if earlier:
             # A requeued job keeps its first timed cut: its checkpoints hold those stages, and
             # a new timing (other node, other load) may cut elsewhere.
@@ -50,22 +80,27 @@ class PipelineTrainer(Trainer):
         example = torch.randint(spec.data.vocab_size, (micro, spec.data.seq_len))
         self.precision = AgreedLossScaler(spec.precision.mode, spec.precision.loss_scale,
                                           spec.precision.init_scale)
-        self.engine = PipelineEngine(full, self.layout, me.rank, self.device, config, lm_loss,
+        self.engine = PipelineEngine(full, self.layout, identity.rank, device, config, lm_loss,
                                      self.precision, spec.precision.mode, example)
         del full
         self.backend = self.engine          # allreduce_sum / barrier / shutdown over the world
         self.model = self.engine.module
         self.optimizer = build_optimizer(spec.optim, self.engine.parameters(), lr=spec.scaled_lr)
-        if me.is_main and not earlier:
-            events.record(self.paths, events.pipeline_cut(list(self.engine.sizes), pipe.balance))
-        if me.is_main:
+        if identity.is_main and not earlier:
+            events.record(paths, events.pipeline_cut(list(self.engine.sizes), pipe.balance))
+        if identity.is_main:
             log.info("pipeline: %d stages x %d replicas, blocks per stage %s, %s, %d micro-batches%s",
                      pipe.stages, self.layout.replicas, self.engine.sizes, pipe.schedule,
                      pipe.microbatches, ", remat" if pipe.remat else "")
 
-    @property
-    def data_part(self) -> tuple[int, int]:
-        return self.layout.replica_of(self.identity.rank), self.layout.replicas
+    def states(self) -> CheckpointedState:
+        """The cut (checked first) and the scaler replicated; the stage's weights and optimizer
+        in the stage's own file, written by replica 0 of the stage; RNG streams per rank."""
+        return CheckpointedState(
+            replicated={"stage_sizes": StageCut(self.engine.sizes), "precision": self.precision},
+            files={stage_file(self.engine.stage_index): {
+                "model": StageWeights(self.engine.module), "optimizer": self.optimizer}},
+            writes_files=self.engine.replica == 0)
 
     def train_step(self, micro_batches) -> tuple[float, bool]:
         (inputs, targets), = micro_batches      # accumulation is 1: micro-batches are the pipeline's
@@ -84,11 +119,11 @@ class PipelineTrainer(Trainer):
         return {"stage": self.engine.stage_index, "replica": self.engine.replica}
 
     @torch.no_grad()
-    def evaluate(self, epoch: int) -> None:
+    def evaluate(self, val_loader, tick) -> torch.Tensor:
         totals = torch.zeros(3, dtype=torch.float64)   # loss sum, correct tokens, tokens
         skipped = 0
-        for inputs, targets in self.val_loader:
-            self.heartbeat.progress(phase="evaluate")
+        for inputs, targets in val_loader:
+            tick()
             if len(inputs) != self.spec.data.batch_size:
                 # The stages fixed their micro-batch shapes at the first step; a short last
                 # batch would not match them, so it is left out (fewer than one batch per replica).
@@ -97,36 +132,13 @@ class PipelineTrainer(Trainer):
             part = self.engine.evaluate(inputs, targets)
             if part is not None:
                 totals += part
-        if skipped and self.identity.is_main:
+        if skipped and self.engine.rank == 0:
             log.info("eval: %d sequence(s) of a short last batch left out on this replica", skipped)
-        self.record_evaluation(epoch, totals, "next-token accuracy")
-
-    # -- checkpoints: the stage's own file, written by replica 0 of each stage ------------------
-    def capture_state(self) -> tuple[dict, dict, dict]:
-        replicated = {**state.capture_progress(self), "stage_sizes": list(self.engine.sizes)}
-        per_rank = {"rng": capture_rng(), "rank": self.identity.rank}
-        files = {}
-        if self.engine.replica == 0:
-            files[stage_file(self.engine.stage_index)] = {
-                "model": self.engine.module.block_state_dict(),
-                "optimizer": self.optimizer.state_dict()}
-        return replicated, per_rank, files
-
-    def restore_state(self, replicated: dict, per_rank: dict | None, load_file) -> None:
-        saved_sizes = list(replicated.get("stage_sizes", []))
-        if saved_sizes != list(self.engine.sizes):
-            raise CheckpointMismatch(f"the checkpoint's stages hold {saved_sizes} blocks, this job "
-                                  f"cuts {self.engine.sizes}: resume with the same "
-                                  "parallel.pipeline stages and balance")
-        stage = load_file(stage_file(self.engine.stage_index))
-        self.engine.module.load_block_state_dict(stage["model"])
-        self.optimizer.load_state_dict(stage["optimizer"])
-        state.restore_progress(self, replicated)
-        state.restore_streams(self, per_rank)
+        return totals
 
 
 def make_trainer(spec, paths, identity, stop=None, heartbeat=None) -> Trainer:
     """gpt runs on the pipeline engine (with one stage it is plain data parallelism, its
-    micro-batches accumulating); the image models on the data-parallel trainer."""
-    cls = PipelineTrainer if spec.model.name == "gpt" else Trainer
-    return cls(spec, paths, identity, stop, heartbeat)
+    micro-batches accumulating); the image models on the data-parallel parts."""
+    parts = PipelineParts if spec.model.name == "gpt" else DataParallelParts
+    return Trainer(spec, paths, identity, stop, heartbeat, parts_factory=parts)

@@ -21,7 +21,8 @@ from hpc_train.runtime.heartbeat import NoHeartbeat
 from hpc_train.runtime.identity import RankInfo
 from hpc_train.runtime.stop import StopFlag
 from hpc_train.spec import spec_to_dict
-from hpc_train.train import state
+from hpc_train.train.state import (CheckpointedState, ModelBuffers, ModelWeights, Progress,
+                                   RngStreams, SamplerPosition)
 from hpc_train.train.checkpointing import Checkpointing
 from hpc_train.train.data import build_loaders
 from hpc_train.train.meters import Window
@@ -54,22 +55,90 @@ def parameters_digest(model: torch.nn.Module) -> str:
     return digest.hexdigest()
 
 
+class DataParallelParts:
+    """The parts of a data-parallel job: the whole model on every rank, Horovod or DDP averaging
+    gradients, mixed precision with a GradScaler. Another kind of job (the pipeline) provides
+    other parts to the same `Trainer`."""
+
+    accuracy_name = "accuracy"
+
+    def __init__(self, spec, paths: RunPaths, identity: RankInfo, device: torch.device):
+        self.spec, self.device = spec, device
+        self.backend = make_backend(spec.parallel.backend, identity, device)
+        torch.manual_seed(spec.run.seed)  # the same initial weights everywhere, before broadcast
+        model = build_model(spec.model.name, spec.data.num_classes, spec.model.options)
+        model = model.to(device)
+        optimizer = build_optimizer(spec.optim, model.parameters(), lr=spec.scaled_lr)
+        self.model, self.optimizer = self.backend.prepare(
+            model, optimizer, accumulation=spec.parallel.accumulation,
+            compression=spec.parallel.compression)
+        self.precision = Precision(spec.precision.mode, device, spec.precision.loss_scale,
+                                   spec.precision.init_scale)
+        self.criterion = torch.nn.CrossEntropyLoss(label_smoothing=spec.optim.label_smoothing)
+
+    def states(self) -> CheckpointedState:
+        """This job's own checkpointed components (the trainer adds schedule, progress, sampler
+        and RNG streams): weights and optimizer replicated, buffers per rank."""
+        return CheckpointedState(
+            replicated={"model": ModelWeights(self.model), "optimizer": self.optimizer,
+                        "precision": self.precision},
+            per_rank={"buffers": ModelBuffers(self.model)})
+
+    def train_step(self, micro_batches) -> tuple[float, bool]:
+        """One optimizer step: (this rank's loss, whether the step was applied)."""
+        return optimizer_step(self.model, self.optimizer, micro_batches, self.criterion,
+                              self.precision, self.backend, self.spec.optim.grad_clip)
+
+    def loss_terms(self, window: Window) -> list[float]:
+        """This rank's share of the logged mean loss: [loss sum, steps it counts]."""
+        return [window.loss_sum, float(window.steps)]
+
+    def throughput(self, steps: int, elapsed: float) -> dict:
+        return {"images_per_s": self.spec.samples_per_step * steps / elapsed}
+
+    def identity_fields(self) -> dict:
+        """Extra fields naming this rank's part of the model in events (none: whole model)."""
+        return {}
+
+    @torch.no_grad()
+    def evaluate(self, val_loader, tick) -> torch.Tensor:
+        """This rank's (loss sum, correct, count) over its validation part."""
+        self.model.eval()
+        totals = torch.zeros(3, dtype=torch.float64)  # loss sum, correct, count
+        for images, labels in val_loader:
+            tick()
+            images, labels = images.to(self.device), labels.to(self.device)
+            with self.precision.autocast():
+                logits = self.model(images)
+            loss = torch.nn.functional.cross_entropy(logits.float(), labels, reduction="sum")
+            totals += torch.tensor([loss.item(), (logits.argmax(1) == labels).sum().item(),
+                                    labels.numel()], dtype=torch.float64)
+        return totals
+
+
 class Trainer:
+    """The training loop of every job; the parts (`parts_factory(spec, paths, identity, device)`)
+    provide the model, its step, evaluation and their checkpointed components."""
+
     def __init__(self, spec, paths: RunPaths, identity: RankInfo, stop: StopFlag | None = None,
-                 heartbeat=None):
+                 heartbeat=None, parts_factory=DataParallelParts):
         self.spec, self.paths, self.identity = spec, paths, identity
         self.spec_dict = spec_to_dict(spec)
         self.stop = stop
         self.heartbeat = heartbeat or NoHeartbeat()
         self.faults = FaultInjector(identity.rank)
         self.device = pick_device(spec, identity)
+        # Built once from spec + identity; every per-rank answer (stage, replica, data part) is its.
+        self.place = spec.layout.of_rank(identity.rank)
         torch.set_num_threads(spec.slurm.cpus_per_task)
-        self._build_model()
+        self.parts = parts_factory(spec, paths, identity, self.device)
+        self.backend, self.model = self.parts.backend, self.parts.model
+        self.optimizer, self.precision = self.parts.optimizer, self.parts.precision
         # Per-rank streams for dropout and other model randomness; augmentation does not use
         # them: it is drawn per sample from (seed, epoch, index) (data/transforms.sample_rng).
         torch.manual_seed(spec.run.seed + identity.rank)
         pin = spec.data.pin_memory and self.device.type == "cuda"
-        self.train_loader, self.val_loader = build_loaders(spec, *self.data_part, pin)
+        self.train_loader, self.val_loader = build_loaders(spec, *self.place.data_part, pin)
         self.sampler = self.train_loader.sampler
         # From the sampler, not len(loader): a resumed sampler's length counts only what is left.
         self.steps_per_epoch = self.sampler.batches_per_epoch // spec.parallel.accumulation
@@ -78,27 +147,22 @@ class Trainer:
             warmup_epochs=spec.optim.warmup_epochs, total_epochs=spec.optim.epochs,
             schedule=spec.optim.schedule, milestones=tuple(spec.optim.step_milestones),
             gamma=spec.optim.step_gamma)
-        self.step = 0
+        self.progress = Progress()
+        self.states = self._checkpointed()
 
-    def _build_model(self) -> None:
-        """backend, model, optimizer, precision, criterion: the data-parallel recipe."""
-        spec = self.spec
-        self.backend = make_backend(spec.parallel.backend, self.identity, self.device)
-        torch.manual_seed(spec.run.seed)  # the same initial weights everywhere, before broadcast
-        model = build_model(spec.model.name, spec.data.num_classes, spec.model.options)
-        model = model.to(self.device)
-        optimizer = build_optimizer(spec.optim, model.parameters(), lr=spec.scaled_lr)
-        self.model, self.optimizer = self.backend.prepare(
-            model, optimizer, accumulation=spec.parallel.accumulation,
-            compression=spec.parallel.compression)
-        self.precision = Precision(spec.precision.mode, self.device, spec.precision.loss_scale,
-                                   spec.precision.init_scale)
-        self.criterion = torch.nn.CrossEntropyLoss(label_smoothing=spec.optim.label_smoothing)
+    def _checkpointed(self) -> CheckpointedState:
+        """The parts' components plus the loop's own: what a checkpoint saves, by name and file."""
+        states = self.parts.states()
+        position = SamplerPosition(self.sampler, self.progress,
+                                   lambda step: self.consumed_in_epoch(step % self.steps_per_epoch))
+        states.replicated.update(schedule=self.schedule, progress=self.progress, sampler=position)
+        states.per_rank = {"rng": RngStreams(self.spec.run.seed, self.identity.rank, self.progress),
+                           **states.per_rank}
+        return states
 
     @property
-    def data_part(self) -> tuple[int, int]:
-        """(part, parts) of the training data this rank reads: every rank is its own replica."""
-        return self.identity.rank, self.identity.size
+    def step(self) -> int:
+        return self.progress.step
 
     @property
     def total_steps(self) -> int:
@@ -121,19 +185,8 @@ class Trainer:
             self.train_epoch(epoch, done_in_epoch, checkpoints)
         checkpoints.save("final")
         events.try_record(self.paths, events.rank_finished(
-            self.identity.rank, self.step, parameters_digest(self.model), **self.identity_fields()))
+            self.identity.rank, self.step, parameters_digest(self.model), **self.parts.identity_fields()))
         self.backend.shutdown()
-
-    def capture_state(self) -> tuple[dict, dict, dict]:
-        """(replicated, this rank's own, named extra files) for a checkpoint."""
-        return (*state.capture(self), {})
-
-    def restore_state(self, replicated: dict, per_rank: dict | None, load_file) -> None:
-        state.restore(self, replicated, per_rank)
-
-    def identity_fields(self) -> dict:
-        """Extra fields naming this rank's part of the model in events (none: whole model)."""
-        return {}
 
     def close(self) -> None:
         """Stop the data workers now, on every way out of a rank.
@@ -178,8 +231,8 @@ class Trainer:
             data_seconds = time.perf_counter() - fetch_start
             self.heartbeat.progress(phase="train")
             lr = self.schedule.apply(self.optimizer, self.step)
-            loss, applied = self.train_step(micro_batches)
-            self.step += 1
+            loss, applied = self.parts.train_step(micro_batches)
+            self.progress.step += 1
             self.faults.at_step(self.step)
             window.add(loss, data_seconds, applied)
             if self.step % self.spec.log.every_steps == 0 or self.step == self.total_steps:
@@ -190,26 +243,14 @@ class Trainer:
                 self.evaluate(epoch)
             checkpoints.after_step(epoch_end)
 
-    def train_step(self, micro_batches) -> tuple[float, bool]:
-        """One optimizer step: (this rank's loss, whether the step was applied)."""
-        return optimizer_step(self.model, self.optimizer, micro_batches, self.criterion,
-                              self.precision, self.backend, self.spec.optim.grad_clip)
-
-    def loss_terms(self, window: Window) -> list[float]:
-        """This rank's share of the logged mean loss: [loss sum, steps it counts]."""
-        return [window.loss_sum, float(window.steps)]
-
-    def throughput(self, steps: int, elapsed: float) -> dict:
-        return {"images_per_s": self.spec.samples_per_step * steps / elapsed}
-
     def _log(self, epoch: int, lr: float, window: Window) -> None:
         # One small collective per logged step: the mean loss over all ranks.
         self.heartbeat.progress(phase="sync")
-        summed = self.backend.allreduce_sum(torch.tensor(self.loss_terms(window)))
+        summed = self.backend.allreduce_sum(torch.tensor(self.parts.loss_terms(window)))
         elapsed = window.elapsed()
         if not self.identity.is_main:
             return
-        rates = self.throughput(window.steps, elapsed)
+        rates = self.parts.throughput(window.steps, elapsed)
         record = {
             "time": time.time(), "step": self.step, "epoch": epoch,
             "loss": summed[0].item() / summed[1].item(), "lr": lr, **rates,
@@ -221,19 +262,10 @@ class Trainer:
                  record["loss"], lr, " ".join(f"{v:.0f} {k.removesuffix('_per_s')}/s"
                                               for k, v in rates.items()))
 
-    @torch.no_grad()
     def evaluate(self, epoch: int) -> None:
-        self.model.eval()
-        totals = torch.zeros(3, dtype=torch.float64)  # loss sum, correct, count
-        for images, labels in self.val_loader:
-            self.heartbeat.progress(phase="evaluate")
-            images, labels = images.to(self.device), labels.to(self.device)
-            with self.precision.autocast():
-                logits = self.model(images)
-            loss = torch.nn.functional.cross_entropy(logits.float(), labels, reduction="sum")
-            totals += torch.tensor([loss.item(), (logits.argmax(1) == labels).sum().item(),
-                                    labels.numel()], dtype=torch.float64)
-        self.record_evaluation(epoch, totals)
+        totals = self.parts.evaluate(self.val_loader,
+                                     lambda: self.heartbeat.progress(phase="evaluate"))
+        self.record_evaluation(epoch, totals, self.parts.accuracy_name)
 
     def record_evaluation(self, epoch: int, totals: torch.Tensor, accuracy_name: str = "accuracy") -> None:
         """Sum this rank's (loss sum, correct, count) over all ranks; rank 0 writes the val line."""

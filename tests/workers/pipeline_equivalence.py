@@ -24,7 +24,7 @@ import torch
 from hpc_train.models.gpt import gpt, lm_loss
 from hpc_train.parallel.data_parallel import init_torch_distributed
 from hpc_train.parallel.pipeline.engine import PipelineConfig, PipelineEngine
-from hpc_train.parallel.pipeline.layout import PipelineLayout
+from hpc_train.parallel.layout import ParallelLayout
 from hpc_train.parallel.pipeline.memory import SavedTensorMeter
 from hpc_train.parallel.pipeline.scaler import AgreedLossScaler
 from hpc_train.runtime.identity import rank_from_env
@@ -49,7 +49,7 @@ def main() -> None:
 
 def compare(me, stages: int, micro: int, schedule: str, backend: str, remat: bool, steps: int,
             precision: str, balance: str = "auto", clip: float | None = None) -> dict:
-    layout = PipelineLayout(me.size, stages)
+    layout = ParallelLayout(me.size, stages)
     device = torch.device("cpu")
     torch.manual_seed(0)
     model = gpt(VOCAB, layers=6, dim=32, heads=4, seq_len=SEQ)

@@ -20,7 +20,7 @@ from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGP
 from hpc_train.parallel.data_parallel import TorchCollectives
 from hpc_train.parallel.pipeline.balance import balance_blocks, stage_bounds
 from hpc_train.parallel.pipeline.groups import replica_average
-from hpc_train.parallel.pipeline.layout import PipelineLayout
+from hpc_train.parallel.layout import ParallelLayout
 from hpc_train.parallel.pipeline.scaler import AgreedLossScaler
 from hpc_train.parallel.pipeline.stage import StageModule, parameter_costs, slice_blocks, time_blocks
 
@@ -77,7 +77,7 @@ class BusyClock:
 
 
 class PipelineEngine:
-    def __init__(self, full: nn.Sequential, layout: PipelineLayout, rank: int, device: torch.device,
+    def __init__(self, full: nn.Sequential, layout: ParallelLayout, rank: int, device: torch.device,
                  config: PipelineConfig, loss_fn, scaler: AgreedLossScaler, precision: str = "fp32",
                  example: torch.Tensor | None = None):
         self.layout, self.rank, self.device, self.config = layout, rank, device, config

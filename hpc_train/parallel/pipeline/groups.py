@@ -14,13 +14,13 @@ import torch
 import torch.distributed as dist
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
-from hpc_train.parallel.pipeline.layout import PipelineLayout
+from hpc_train.parallel.layout import ParallelLayout
 
 
 class TorchReplicaAverage:
     """Average a stage's gradients over its replica set: flatten, one all_reduce, unflatten."""
 
-    def __init__(self, layout: PipelineLayout, stage: int):
+    def __init__(self, layout: ParallelLayout, stage: int):
         groups = [dist.new_group(ranks) for ranks in layout.all_replica_sets()]
         self.group, self.size = groups[stage], layout.replicas
 
@@ -37,13 +37,13 @@ class TorchReplicaAverage:
 class HorovodReplicaAverage:
     """The same through Horovod: one process set per stage, one grouped (fused) all-reduce."""
 
-    def __init__(self, layout: PipelineLayout, stage: int):
+    def __init__(self, layout: ParallelLayout, stage: int):
         import horovod.torch as hvd
 
         sets = [hvd.ProcessSet(ranks) for ranks in layout.all_replica_sets()]
         hvd.init(process_sets=sets if layout.replicas > 1 and layout.stages > 1 else None)
-        if hvd.size() != layout.world:
-            raise RuntimeError(f"Horovod sees {hvd.size()} ranks, the job has {layout.world}")
+        if hvd.size() != layout.world_size:
+            raise RuntimeError(f"Horovod sees {hvd.size()} ranks, the job has {layout.world_size}")
         self.hvd, self.size = hvd, layout.replicas
         self.process_set = sets[stage] if layout.stages > 1 else hvd.global_process_set
 
@@ -58,7 +58,7 @@ class HorovodReplicaAverage:
         self.hvd.shutdown()
 
 
-def replica_average(backend: str, layout: PipelineLayout, stage: int):
+def replica_average(backend: str, layout: ParallelLayout, stage: int):
     if backend == "horovod":
         return HorovodReplicaAverage(layout, stage)
     return TorchReplicaAverage(layout, stage)
