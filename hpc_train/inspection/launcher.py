@@ -12,7 +12,7 @@ Open MPI writes one of two reports to the driver's stderr, which submitit or slu
       Exit code:    1
 
 Open MPI 5 should say "prterun" and name a process [prterun-host-123@1,1]; both forms parse
-(only Open MPI 4.1 was run here: tests/test_inspect_launcher.py holds its real output).
+(only Open MPI 4.1 was run here: tests/inspection/test_inspect_launcher.py holds its real output).
 Pure functions of text.
 
 Ranks that stop on purpose (a stop agreed and saved: time limit, USR2, a deadline) exit with

@@ -5,7 +5,7 @@ submitit.core._submit`. Our Slurm job runs the driver line that a rendered scrip
 (slurm/script.py), so both forms start a job the same way; submitit has no public call to submit
 a command, nor to show the script without submitting it (`submit --dry-run`). Its executors have
 both as private methods, used here only and checked on each call: a submitit release that
-changes them fails with a SubmitError that says so (tests/test_render.py checks the installed
+changes them fails with a SubmitError that says so (tests/slurm/test_render.py checks the installed
 submitit), not with an AttributeError or a wrong script.
 """
 

@@ -21,8 +21,8 @@ from PIL import Image
 
 from hpc_train.cli import main
 from hpc_train.data.convert import sample_order, split_into_shards
+from tests.conftest import REPO
 
-REPO = Path(__file__).resolve().parents[1]
 CLASSES = ["n01440764", "n01443537", "n01484850"]
 
 

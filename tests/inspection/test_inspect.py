@@ -42,7 +42,7 @@ def test_timestamps_carry_to_continuation_lines_and_tracebacks_are_blocks():
     assert found[0].rank == 1 and found[0].time == lines[1].time and "g()" in found[0].text
 
 
-SAMPLES = Path(__file__).parent / "samples"
+SAMPLES = REPO / "tests" / "samples"
 
 
 def test_a_dataloader_workers_error_is_the_exception_and_names_the_shard():

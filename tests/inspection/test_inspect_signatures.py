@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 
 from hpc_train.inspection.signatures import SIGNATURES, match_signatures, missing_ranks
+from tests.conftest import REPO
 
-SAMPLES = Path(__file__).parent / "samples"
+SAMPLES = REPO / "tests" / "samples"
 
 
 def ids(lines, source="x") -> list[str]:
