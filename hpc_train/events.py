@@ -241,10 +241,6 @@ def resumed_steps(events: list[dict]) -> list[int]:
     return [e["step"] for e in named(events, RESUMED) if "step" in e]
 
 
-def stalls(events: list[dict]) -> list[dict]:
-    return named(events, RANKS_STALLED)
-
-
 def in_window(events: list[dict], begin: float, end: float) -> list[dict]:
     return [e for e in events if begin <= e.get("time", 0.0) < end]
 
