@@ -34,7 +34,7 @@ from hpc_train.parallel.pipeline.engine import BusyClock, PipelineConfig, Pipeli
 from hpc_train.parallel.layout import ParallelLayout
 from hpc_train.parallel.pipeline.memory import SavedTensorMeter
 from hpc_train.parallel.pipeline.scaler import AgreedLossScaler
-from hpc_train.runtime.identity import rank_from_env
+from hpc_train.launch.identity import rank_from_env
 
 VOCAB = 256
 CHUNKS = ("forward_one_chunk", "backward_one_chunk")

@@ -24,7 +24,8 @@ from pathlib import Path
 from hpc_train import events
 from hpc_train.inspection import health, logs
 from hpc_train.inspection.launcher import RankExit, exit_hint, rank_exits
-from hpc_train.inspection.logparse import Line, Traceback, run_index, stack_dump, tracebacks
+from hpc_train.inspection.logparse import (Line, Traceback, rank_host, run_index, stack_dump,
+                                           tracebacks)
 from hpc_train.inspection.signatures import (BY_ID, STALL_ADVICE, STALL_DONE, STALL_LIVE, Match,
                                           match_signatures, missing_ranks)
 from hpc_train.inspection.slurm_state import SlurmInfo
@@ -44,6 +45,7 @@ class Failure:
     time: float
     exception: str
     traceback: str
+    host: str | None = None    # the node the rank ran on, from its log
 
 
 @dataclass
@@ -55,8 +57,9 @@ class Diagnosis:
     signatures: list[dict] = field(default_factory=list)   # id, title, fix, source, line, file
     stalled_ranks: list[int] = field(default_factory=list)  # the collective library's, the stall's
     failed_ranks: list[int] = field(default_factory=list)   # every rank with a traceback
-    found_by: str | None = None            # "traceback" or "mpirun" (a rank that died silently)
-    launcher: dict | None = None           # mpirun's report of the first rank to end: rank, how, hint
+    found_by: str | None = None            # "traceback"; "mpirun" or "srun": a rank that died
+                                           # silently, named by its launcher's report
+    launcher: dict | None = None           # the launcher's report of the first rank to end: rank, how, hint
     stop: dict | None = None               # stopped on purpose: reason, step, ending, detail
     stall: dict | None = None              # source (driver/heartbeats), why, ranks (with stacks), ending
 
@@ -234,11 +237,14 @@ def diagnose(paths: RunPaths, run: int | None = None, slurm: SlurmInfo | None = 
     stalled = {r for found in lines.values() for r in missing_ranks(line.text for line in found)}
     stalled |= {r["rank"] for r in (stall or {}).get("ranks", []) if isinstance(r.get("rank"), int)}
     failed_events = events.rank_failures(window)
-    return Diagnosis(run=index, runs=max(1, len(starts)), first_failure=silent or traced,
+    failure = silent or traced
+    if failure is not None:
+        failure.host = rank_host(lines.get(failure.rank, [])) or (ended.node if ended else None)
+    return Diagnosis(run=index, runs=max(1, len(starts)), first_failure=failure,
                      event_rank=failed_events[0].get("rank") if failed_events else None,
                      signatures=signatures, stalled_ranks=sorted(stalled),
                      failed_ranks=sorted(r for r, t in per_rank.items() if t),
-                     found_by="mpirun" if silent else "traceback" if traced else None,
+                     found_by=ended.launcher if silent else "traceback" if traced else None,
                      launcher=None if ended is None else {
                          "rank": ended.rank, "how": ended.how, "source": ended.source,
                          "line": ended.line[:300], "hint": exit_hint(ended.how)},

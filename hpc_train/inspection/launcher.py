@@ -1,5 +1,6 @@
-"""What mpirun said about the rank that ended the job: the one witness when a rank dies without
-a traceback (os._exit, SIGKILL from the OOM killer, a segfault in native code).
+"""What the launcher (mpirun or srun) said about the rank that ended the job: the one witness
+when a rank dies without a traceback (os._exit, SIGKILL from the OOM killer, a segfault in
+native code).
 
 Open MPI writes one of two reports to the driver's stderr, which submitit or slurm-*.out keeps:
 
@@ -10,6 +11,11 @@ Open MPI writes one of two reports to the driver's stderr, which submitit or slu
 
       Process name: [[335,1],1]
       Exit code:    1
+
+srun writes one line per task (or range of tasks) that ended badly, naming the node:
+
+    srun: error: hpcn2: task 1: Exited with exit code 1
+    srun: error: hpcn2: task 1: Killed
 
 Open MPI 5 should say "prterun" and name a process [prterun-host-123@1,1]; both forms parse
 (only Open MPI 4.1 was run here: tests/inspection/test_inspect_launcher.py holds its real output).
@@ -23,6 +29,7 @@ failure (`RankExit.stopped`).
 from __future__ import annotations
 
 import re
+import signal
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -35,6 +42,11 @@ _SIGNAL = re.compile(r"\b(?:mpirun|prterun) noticed that process rank (\d+) with
                      r"exited on signal (\d+)(?: \(([^)]*)\))?")
 _PROCESS = re.compile(r"^\s*Process name:\s*\[.*,(\d+)\]\s*$")
 _EXIT_CODE = re.compile(r"^\s*Exit code:\s*(-?\d+)")
+_SRUN = re.compile(r"^srun: error: (\S+): tasks? (\d+)(?:-\d+)?: (.+?)\s*$")
+_SRUN_EXIT = re.compile(r"Exited with exit code (\d+)")
+# srun names a signal by strsignal(3)'s words: "Killed", "Segmentation fault (core dumped)".
+_SIGNAL_NUMBERS = {signal.strsignal(s): s.value for s in signal.Signals if signal.strsignal(s)}
+LAUNCHERS = ("mpirun", "srun")
 _STARTING = re.compile(r" driver INFO starting \d+ ranks")
 
 
@@ -45,6 +57,8 @@ class RankExit:
     source: str              # the driver log's file name
     line: str
     started: float | None    # when the driver started these ranks (its log line), if it said
+    launcher: str = "mpirun"
+    node: str | None = None  # where the rank ran, when the report says
 
     @property
     def stopped(self) -> bool:
@@ -64,7 +78,12 @@ def rank_exits(lines: Iterable[tuple[str, str]]) -> list[RankExit]:
         if match := _SIGNAL.search(text):
             name = f" ({match.group(4)})" if match.group(4) else ""
             how = f"signal {match.group(3)}{name} on node {match.group(2)}"
-            found.append(RankExit(int(match.group(1)), how, source, text.strip(), started))
+            found.append(RankExit(int(match.group(1)), how, source, text.strip(), started,
+                                  node=match.group(2)))
+        elif match := _SRUN.match(text):
+            node, words = match.group(1), match.group(3)
+            found.append(RankExit(int(match.group(2)), _srun_how(words, node), source,
+                                  text.strip(), started, "srun", node))
         elif match := _PROCESS.match(text):
             process = (int(match.group(1)), text.strip())
             continue
@@ -74,6 +93,16 @@ def rank_exits(lines: Iterable[tuple[str, str]]) -> list[RankExit]:
         if text.strip():
             process = None
     return found
+
+
+def _srun_how(words: str, node: str) -> str:
+    """srun's words for a task's end, in the form mpirun's reports take."""
+    if match := _SRUN_EXIT.search(words):
+        return f"exit code {match.group(1)}"
+    name = words.removesuffix(" (core dumped)")
+    if name in _SIGNAL_NUMBERS:
+        return f"signal {_SIGNAL_NUMBERS[name]} ({name}) on node {node}"
+    return f"{words} on node {node}"
 
 
 def exit_hint(how: str) -> str:

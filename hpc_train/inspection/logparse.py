@@ -57,6 +57,17 @@ def timed_lines(rank: int, texts: Iterable[str]) -> Iterator[Line]:
         yield Line(current, rank, text)
 
 
+_RANK_START = re.compile(r" rank \d+/\d+ \(local \d+\) pid \d+ on (\S+)$")
+
+
+def rank_host(lines: Iterable[Line]) -> str | None:
+    """The node a rank ran on, from the worker's first line ("rank 1/2 (local 0) pid 7 on n2")."""
+    for line in lines:
+        if match := _RANK_START.search(line.text):
+            return match.group(1)
+    return None
+
+
 def run_index(line_time: float, starts: list[float]) -> int:
     """Which run (0-based index into the sorted `started` event times) a line belongs to."""
     return max(0, bisect.bisect_right(starts, line_time) - 1)

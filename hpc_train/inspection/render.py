@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 
 from hpc_train.inspection.diagnose import Diagnosis
-from hpc_train.inspection.launcher import STOPPED_ON_PURPOSE
+from hpc_train.inspection.launcher import LAUNCHERS, STOPPED_ON_PURPOSE
 from hpc_train.inspection.runstate import RunStatus
 
 _STATE_STYLE = {"RUNNING": "green", "COMPLETED": "bold green", "PENDING": "yellow",
@@ -141,10 +141,11 @@ def diagnosis_text(d: Diagnosis) -> str:
     if d.first_failure:
         f = d.first_failure
         how = ("first traceback by time in the rank logs" if d.found_by == "traceback" else
-               "it left no traceback; mpirun named it in the driver log")
-        lines.append(f"first failed rank: {f.rank} ({how})")
+               f"it left no traceback; {d.found_by} named it in the driver log")
+        where = f" on {f.host}" if f.host else ""
+        lines.append(f"first failed rank: {f.rank}{where} ({how})")
         lines.append(f"exception: {f.exception}")
-        if d.found_by == "mpirun":
+        if d.found_by in LAUNCHERS:
             lines.append(f"hint: {d.launcher['hint']}")
         if d.event_rank is not None:
             agree = "agrees" if d.events_agree else f"DISAGREES: event names rank {d.event_rank}"
@@ -152,12 +153,12 @@ def diagnosis_text(d: Diagnosis) -> str:
         if len(d.failed_ranks) > 1:
             lines.append(f"ranks with a traceback: {d.failed_ranks}")
         lines.append("")
-        if d.found_by == "mpirun":
+        if d.found_by in LAUNCHERS:
             lines.append(f"the last lines of rank {f.rank}'s log:")
         lines += [f.traceback, ""]
     elif not d.stop and not d.stall:
         lines.append("no traceback in the rank logs")
-    if d.launcher and d.found_by != "mpirun":
+    if d.launcher and d.found_by not in LAUNCHERS:
         why = ""
         if d.launcher["how"] == STOPPED_ON_PURPOSE:
             why = " = STOP_EXIT, stopped on purpose"

@@ -1,5 +1,5 @@
-"""The driver: the one process of a job that starts the ranks with mpirun, watches them, and
-reports how they ended.
+"""The driver: the one process of a job that starts the ranks (mpirun or srun), watches them,
+and reports how they ended.
 
 It runs as the batch script itself (`exec python -m hpc_train.job.driver RUN_DIR`, the last line
 of the script that submit and render make alike; the pickled `Driver` for submitit's local
@@ -26,17 +26,50 @@ from hpc_train.errors import LaunchError
 from hpc_train.job.requeue import Decision, decide, ending_status, requeue_path
 from hpc_train.job.supervise import StopForwarder, Watch, supervise
 from hpc_train.launch.allocation import Allocation, allocation_from_slurm, local_allocation
-from hpc_train.launch.argv import LaunchPlan, inherited, mpirun_argv
+from hpc_train.launch.argv import LaunchPlan, inherited, launch_argv, launcher_env
+from hpc_train.launch.network import NETWORK_ENV, address_for
 from hpc_train.rundir import RunPaths
+from hpc_train.runtime.netif import ipv4_addresses
 from hpc_train.runtime.stop import DEADLINE_ENV, STALL_ENV, STOP_EXIT
 from hpc_train.spec import JobSpec, load_spec
 
 log = logging.getLogger("hpc_train.driver")
 
 
+def rendezvous_ports(job_id: str | None, tries: int = 10) -> list[int]:
+    """Ports to try for torch.distributed's rendezvous, in order: a block of its own per job id
+    (20000-59999, below Linux's ephemeral range), so jobs sharing a node do not collide."""
+    block = int(job_id) % 4000 if job_id and job_id.isdigit() else 0
+    return [20000 + block * tries + i for i in range(tries)]
+
+
+def port_is_free(port: int) -> bool:
+    with socket.socket() as probe:
+        try:
+            probe.bind(("", port))
+        except OSError:
+            return False
+    return True
+
+
 def rendezvous_port(job_id: str | None) -> int:
-    """A port for torch.distributed that differs between jobs sharing a node."""
-    return 29500 + (int(job_id) % 2000 if job_id and job_id.isdigit() else 0)
+    """The first free port of this job's range, on this host (the first node, MASTER_ADDR)."""
+    candidates = rendezvous_ports(job_id)
+    for port in candidates:
+        if port_is_free(port):
+            return port
+    raise LaunchError(f"no free rendezvous port on {socket.gethostname()} among {candidates}")
+
+
+def master_address(allocation: Allocation, interface: str | None, here: str,
+                   addresses: list[tuple[str, str]]) -> str:
+    """MASTER_ADDR: the first node of the allocation (where rank 0 runs). With a network
+    setting, and the driver on that node as the batch script is, its address on that network:
+    the node's name may resolve to another one."""
+    first = allocation.host_names[0]
+    if interface and here.split(".")[0] == first.split(".")[0]:
+        return address_for(interface, addresses)
+    return first
 
 
 def stop_grace(signal_seconds: int) -> float:
@@ -76,22 +109,32 @@ def stop_deadline(spec: JobSpec, end: float | None) -> float | None:
 
 def launch_plan(spec: JobSpec, paths: RunPaths, allocation: Allocation, environ,
                 deadline: float | None = None) -> LaunchPlan:
-    mpirun = shutil.which("mpiexec" if spec.launch.mpi == "mpich" else "mpirun")
-    if mpirun is None:
-        raise LaunchError("mpirun is not on PATH in the job: add your MPI module to slurm.setup")
+    launch = spec.launch
+    if launch.method == "srun" and not under_slurm(environ):
+        raise LaunchError("launch.method srun needs a Slurm allocation; outside Slurm (--local) "
+                          "use --set launch.method=mpirun")
+    program = "srun" if launch.method == "srun" else "mpiexec" if launch.mpi == "mpich" else "mpirun"
+    path = shutil.which(program)
+    if path is None:
+        raise LaunchError(f"{program} is not on PATH in the job: add your MPI or Slurm module to "
+                          "slurm.setup")
     env = {
-        "MASTER_ADDR": allocation.host_names[0],
+        "MASTER_ADDR": master_address(allocation, launch.network_interface, socket.gethostname(),
+                                      ipv4_addresses()),
         "MASTER_PORT": str(rendezvous_port(environ.get("SLURM_JOB_ID"))),
-        STALL_ENV: f"{spec.launch.stall_seconds:g}",
-        **spec.launch.env,
+        STALL_ENV: f"{launch.stall_seconds:g}",
+        **launch.env,
     }
+    if launch.network_interface:
+        env[NETWORK_ENV] = launch.network_interface
     if deadline is not None:
         env[DEADLINE_ENV] = f"{deadline:.0f}"
     return LaunchPlan(
-        flavour=spec.launch.mpi, allocation=allocation, env=env,
+        flavour=launch.mpi, allocation=allocation, env=env,
         worker=[sys.executable, "-m", "hpc_train.job.worker", str(paths.root)],
-        extra_args=spec.launch.extra_args, inherit=inherited(environ),
-        as_root=os.geteuid() == 0, mpirun=mpirun)
+        extra_args=launch.extra_args, inherit=inherited(environ),
+        as_root=os.geteuid() == 0, mpirun=path, method=launch.method, pmi=launch.pmi,
+        cpus_per_task=spec.slurm.cpus_per_task, network_interface=launch.network_interface)
 
 
 def run_driver(run_dir: str | Path) -> Decision:
@@ -103,14 +146,15 @@ def run_driver(run_dir: str | Path) -> Decision:
     allocation = current_allocation(spec, environ)
     end = planned_end(spec, environ, started)
     deadline = stop_deadline(spec, end)
-    argv = mpirun_argv(launch_plan(spec, paths, allocation, environ, deadline))
+    plan = launch_plan(spec, paths, allocation, environ, deadline)
+    argv = launch_argv(plan)
     events.try_record(paths, events.started(list(allocation.host_names), allocation.world_size,
                                             deadline, argv, spec.launch.stall_seconds))
     log.info("starting %d ranks: %s", allocation.world_size, " ".join(argv))
-    process = subprocess.Popen(argv)
+    process = subprocess.Popen(argv, env=launcher_env(plan, environ))
     forwarder = StopForwarder(process)
     watch = Watch(paths, allocation.world_size, spec.launch.stall_seconds,
-                   stop_grace(spec.slurm.signal_seconds), time.time())
+                  stop_grace(spec.slurm.signal_seconds), time.time(), plan.method)
     # The handlers stay until the outcome is recorded: our own requeue makes Slurm SIGTERM this
     # process at once, and the default action would end it before the `requeued` event.
     try:

@@ -1,4 +1,4 @@
-"""Supervising mpirun: pass stop signals on, wait in bounded slices, and tear the ranks down
+"""Supervising the launcher (mpirun or srun): pass stop signals on, wait in bounded slices, and tear the ranks down
 when the watchdog (watchdog.py) finds them stalled or deaf to a stop."""
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ TEARDOWN_SECONDS = 30        # mpirun's own SIGTERM -> SIGKILL of its ranks, bef
 
 
 class StopForwarder:
-    """Signal handlers that pass a stop on to mpirun once, and remember why and when."""
+    """Signal handlers that pass a stop on to the launcher once, and remember why and when."""
 
     def __init__(self, process: subprocess.Popen):
         self.process = process
@@ -35,9 +35,9 @@ class StopForwarder:
     def _handle(self, signum, _frame) -> None:
         if self.reason is None:
             self.reason, self.at = signal.Signals(signum).name, time.time()
-            # Always USR2 to mpirun: Open MPI passes USR1/USR2 on to the ranks, but treats a
-            # SIGTERM as "abort the job" and kills the ranks (and their data workers) before
-            # they can save. The ranks stop at a step boundary either way.
+            # Always USR2 to the launcher: mpirun and srun pass USR1/USR2 on to the ranks, but
+            # Open MPI treats a SIGTERM as "abort the job" and kills the ranks (and their data
+            # workers) before they can save. The ranks stop at a step boundary either way.
             if self.process.poll() is None:
                 self.process.send_signal(signal.SIGUSR2)
 
@@ -54,6 +54,7 @@ class Watch:
     stall_seconds: float
     grace: float
     launched: float
+    method: str = "mpirun"   # the launcher: how the ranks are torn down
 
     @property
     def interval(self) -> float:
@@ -86,7 +87,7 @@ def supervise(process: subprocess.Popen, forwarder: StopForwarder,
                 f"{', state ' + r.state if r.state else ''})" for r in stall.ranks))
             events.try_record(watch.paths, events.ranks_stalled(stall.why, stall.ranks_json(),
                                                                 round(stall.idle_seconds, 1)))
-            return _tear_down(process, stall), stall
+            return _tear_down(process, stall, watch.method), stall
 
 
 def _with_process_states(stall: watchdog.Stall) -> watchdog.Stall:
@@ -97,10 +98,20 @@ def _with_process_states(stall: watchdog.Stall) -> watchdog.Stall:
         for r in stall.ranks))
 
 
-def _tear_down(process: subprocess.Popen, stall: watchdog.Stall) -> int:
-    """SIGTERM to mpirun (it kills its ranks, SIGCONT and SIGKILL included); if it has not
-    finished within TEARDOWN_SECONDS, SIGKILL the stalled ranks we can reach, then mpirun."""
-    process.terminate()
+def _tear_down(process: subprocess.Popen, stall: watchdog.Stall, method: str) -> int:
+    """End every rank on every node, in bounded stages.
+
+    mpirun: SIGTERM (it kills its ranks, SIGCONT and SIGKILL included, on every node). srun: two
+    SIGINTs within a second, which make srun cancel the step, so slurmstepd kills the tasks on
+    every node (a single SIGTERM would only be passed on to the ranks). If the launcher has not
+    finished within TEARDOWN_SECONDS, SIGKILL the stalled ranks we can reach, then the launcher.
+    """
+    if method == "srun":
+        process.send_signal(signal.SIGINT)
+        time.sleep(0.3)
+        process.send_signal(signal.SIGINT)
+    else:
+        process.terminate()
     try:
         return process.wait(timeout=TEARDOWN_SECONDS)
     except subprocess.TimeoutExpired:
@@ -115,6 +126,7 @@ def _tear_down(process: subprocess.Popen, stall: watchdog.Stall) -> int:
     try:
         return process.wait(timeout=TEARDOWN_SECONDS)
     except subprocess.TimeoutExpired:
-        log.error("mpirun did not end %d s after SIGTERM; killing it", 2 * TEARDOWN_SECONDS)
+        log.error("%s did not end %d s after the teardown began; killing it", method,
+                  2 * TEARDOWN_SECONDS)
         process.kill()
         return process.wait(timeout=TEARDOWN_SECONDS)

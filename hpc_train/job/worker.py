@@ -1,4 +1,4 @@
-"""A rank's entry point: `python -m hpc_train.job.worker RUN_DIR` (started by mpirun).
+"""A rank's entry point: `python -m hpc_train.job.worker RUN_DIR` (started by mpirun or srun).
 
 The rank writes everything, tracebacks included, to its own log file in the run directory,
 records a `rank_failed` event naming itself when it raises, so diagnosis never has to guess,
@@ -10,14 +10,18 @@ from __future__ import annotations
 import faulthandler
 import logging
 import os
+import socket
 import sys
 import traceback
 from pathlib import Path
 
 from hpc_train import events
+from hpc_train.errors import LaunchError
+from hpc_train.launch.identity import rank_from_env
+from hpc_train.launch.network import NETWORK_ENV, rank_interface_env
 from hpc_train.rundir import RunPaths
 from hpc_train.runtime.heartbeat import Heartbeat
-from hpc_train.runtime.identity import rank_from_env
+from hpc_train.runtime.netif import ipv4_addresses
 from hpc_train.runtime.stop import STALL_ENV, STOP_EXIT, StopFlag
 
 
@@ -37,6 +41,28 @@ def redirect_output(path: Path) -> None:
 def setup_logging(rank: int) -> None:
     logging.basicConfig(level=logging.INFO, stream=sys.stdout, force=True,
                         format=f"%(asctime)s rank {rank} %(name)s %(levelname)s %(message)s")
+
+
+def join_network(environ, rank: int) -> None:
+    """Before any collective library starts: point every layer at launch.network_interface on
+    this node, and check that MASTER_ADDR resolves here; a node that cannot reach the first one
+    otherwise hangs in the rendezvous until the watchdog gives up, with no reason given."""
+    here = os.uname().nodename
+    setting = environ.get(NETWORK_ENV)
+    if setting:
+        try:
+            chosen = rank_interface_env(setting, ipv4_addresses())
+        except LookupError as exc:
+            raise LaunchError(f"rank {rank} on {here}: launch.network_interface: {exc}") from None
+        environ.update(chosen)
+    master = environ.get("MASTER_ADDR")
+    if master:
+        try:
+            socket.getaddrinfo(master, None, proto=socket.IPPROTO_TCP)
+        except OSError as exc:
+            raise LaunchError(f"rank {rank} on {here}: MASTER_ADDR {master!r} does not resolve "
+                              f"({exc}); check the node's /etc/hosts or DNS, or set "
+                              "launch.network_interface") from None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -65,6 +91,8 @@ def main(argv: list[str] | None = None) -> int:
         from hpc_train.train.checkpointing import StopForRequeue
         from hpc_train.train.pipeline_trainer import make_trainer
 
+        heartbeat.progress(phase="network")
+        join_network(os.environ, identity.rank)
         heartbeat.progress(phase="building")
         trainer = make_trainer(load_spec(paths.spec), paths, identity, stop, heartbeat)
         try:

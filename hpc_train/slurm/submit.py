@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hpc_train import events
-from hpc_train.errors import SubmitError
+from hpc_train.errors import SpecError, SubmitError
 from hpc_train.rundir import RunPaths
 from hpc_train.slurm.script import ScriptParts, script_parts, setup_lines
 from hpc_train.slurm.submitit_private import script_text, submit_command
@@ -83,6 +83,10 @@ def submit(spec: JobSpec, python: str = sys.executable, use_slurm: bool | None =
            paths: RunPaths | None = None) -> Submission:
     """Submit `spec` as a new run, or again into an existing run directory (`resume`)."""
     use_slurm = shutil.which("sbatch") is not None if use_slurm is None else use_slurm
+    if not use_slurm and spec.launch.method == "srun":
+        raise SpecError("launch.method: 'srun' is not allowed without Slurm (submitit's local "
+                        "executor): srun starts ranks inside a Slurm allocation only. Fix: "
+                        "--set launch.method=mpirun to run here, or submit to Slurm")
     if paths is None:
         paths = RunPaths.new(spec.run.root, spec.run.name)
         paths.spec.write_text(dump_spec_yaml(spec))

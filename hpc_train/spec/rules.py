@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Callable
 
+from hpc_train.launch.network import MPI_INTERFACE_VARS, RANK_INTERFACE_VARS
 from hpc_train.spec.pipeline_rules import PIPELINE_ERROR_RULES, PIPELINE_WARNING_RULES
 from hpc_train.spec.problems import Problem
 from hpc_train.spec.schema import JobSpec
@@ -129,11 +130,38 @@ def path_unused(spec: JobSpec) -> list[Problem]:
     return []
 
 
+def one_network_setting(spec: JobSpec) -> list[Problem]:
+    """launch.network_interface owns the interface variables of every layer: a second value for
+    one of them in launch.env would make two layers use different networks."""
+    if spec.launch.network_interface is None:
+        return []
+    owned = set(RANK_INTERFACE_VARS) | set(MPI_INTERFACE_VARS)
+    return [Problem(f"launch.env.{name}", repr(spec.launch.env[name]),
+                    f"launch.network_interface ({spec.launch.network_interface!r}) sets {name} "
+                    "and the interface of every other layer",
+                    f"remove launch.env.{name}, or remove launch.network_interface")
+            for name in sorted(owned & set(spec.launch.env))]
+
+
+def pmi_needs_srun(spec: JobSpec) -> list[Problem]:
+    if spec.launch.method == "mpirun" and spec.launch.pmi != "pmix":
+        return [_warn("launch.pmi", f"{spec.launch.pmi!r} with launch.method 'mpirun'",
+                      "launch.pmi is srun's --mpi plugin; mpirun does not use it",
+                      "set launch.method: srun, or remove launch.pmi")]
+    if spec.launch.method == "srun" and spec.launch.pmi == "pmi2" and spec.launch.mpi == "openmpi":
+        return [_warn("launch.pmi", "'pmi2' with launch.mpi 'openmpi'",
+                      "Open MPI as most distributions build it has no Slurm PMI-2 client; its "
+                      "ranks then start as separate one-rank worlds",
+                      "set launch.pmi: pmix (check `srun --mpi=list` on the cluster)")]
+    return []
+
+
 ERROR_RULES: tuple[Rule, ...] = (hdf5_needs_path, compression_needs_horovod, signal_before_limit,
-                                 keep_every_needs_period, one_rank_per_gpu, *PIPELINE_ERROR_RULES)
+                                 keep_every_needs_period, one_rank_per_gpu, one_network_setting,
+                                 *PIPELINE_ERROR_RULES)
 WARNING_RULES: tuple[Rule, ...] = (idle_gpus, small_gpu_batch, fixed_loss_scale_unused,
                                    warmup_shorter_than_training, milestones_within_training,
-                                   path_unused, *PIPELINE_WARNING_RULES)
+                                   path_unused, pmi_needs_srun, *PIPELINE_WARNING_RULES)
 
 
 def check_spec(spec: JobSpec) -> tuple[list[Problem], list[Problem]]:

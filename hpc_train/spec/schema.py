@@ -84,9 +84,18 @@ class SlurmSpec:
 
 @dataclass(frozen=True)
 class LaunchSpec:
-    mpi: Literal["openmpi", "mpich", "intel"] = spec_field("openmpi", doc="MPI flavour of mpirun")
-    extra_args: list[str] = spec_field(doc="extra mpirun arguments, one per item", factory=list,
-                                       each=values.check_argument)
+    method: Literal["mpirun", "srun"] = spec_field(
+        "mpirun", doc="how the driver starts the ranks: mpirun (its daemons started through "
+        "Slurm), or srun --mpi=<launch.pmi> (Slurm starts each rank itself)")
+    mpi: Literal["openmpi", "mpich", "intel"] = spec_field("openmpi", doc="MPI flavour of the ranks")
+    pmi: Literal["pmix", "pmix_v3", "pmix_v4", "pmi2"] = spec_field(
+        "pmix", doc="srun's --mpi plugin (launch.method srun); Open MPI needs pmix")
+    network_interface: Optional[str] = spec_field(
+        None, doc="the network for MPI, Gloo, NCCL and Horovod: an interface name (ib0) or a "
+        "subnet (10.1.0.0/16); None = each library's own choice", check=values.check_interface,
+        example="ib0")
+    extra_args: list[str] = spec_field(doc="extra arguments to the launcher (mpirun or srun), "
+                                       "one per item", factory=list, each=values.check_argument)
     env: dict[str, str] = spec_field(doc="environment variables exported to every rank",
                                      factory=dict, key_check=values.check_env_name,
                                      each=values.check_env_value)

@@ -8,6 +8,7 @@ of defence and a way to fail on the login node instead of inside a queued job.
 
 from __future__ import annotations
 
+import ipaddress
 import re
 
 
@@ -24,6 +25,8 @@ ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 SBATCH_OPTION = re.compile(r"[a-z0-9][a-z0-9_-]*")
 # Partition, account, qos and constraint names. Constraints need & | ! ( ) [ ] * , : for
 # expressions such as "a100&(ib|eth)"; nothing here is a quote, `$`, `;`, a space or a newline.
+# Linux interface names: at most 15 characters, no slash or space.
+INTERFACE_NAME = re.compile(r"[A-Za-z0-9_.:@-]{1,15}")
 SLURM_NAME = re.compile(r"[A-Za-z0-9._,:|&!()\[\]*@+=-]+")
 
 
@@ -127,6 +130,21 @@ def check_sbatch_option(text: str):
         return None
     return ("sbatch option names are lower-case letters, digits, _ and -, without the leading --",
             "write the long option name, e.g. slurm.extra: {exclusive: \"\", mail-type: END}")
+
+
+def check_interface(text: str):
+    if "/" in text:
+        try:
+            ipaddress.ip_network(text, strict=False)
+        except ValueError:
+            return ("a subnet is an address and a prefix length in CIDR notation",
+                    "write e.g. launch.network_interface: 10.1.0.0/16")
+        return None
+    if INTERFACE_NAME.fullmatch(text):
+        return None
+    return ("an interface name has 1-15 characters from A-Z a-z 0-9 . _ : @ - (or give a subnet "
+            "such as 10.1.0.0/16)",
+            "use the name `ip -brief address` shows on the compute nodes, e.g. ib0")
 
 
 def check_increasing(values: list):

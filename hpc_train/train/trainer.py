@@ -18,7 +18,7 @@ from hpc_train import events
 from hpc_train.rundir import RunPaths, append_jsonl
 from hpc_train.runtime.faults import FaultInjector
 from hpc_train.runtime.heartbeat import NoHeartbeat
-from hpc_train.runtime.identity import RankInfo
+from hpc_train.launch.identity import RankInfo
 from hpc_train.runtime.stop import StopFlag
 from hpc_train.spec import spec_to_dict
 from hpc_train.train.state import (CheckpointedState, ModelBuffers, ModelWeights, Progress,

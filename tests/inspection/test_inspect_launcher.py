@@ -125,7 +125,7 @@ def test_diagnose_names_a_silent_rank_from_the_driver_log_of_its_own_run(tmp_pat
     assert (result.found_by, result.first_failure.rank, result.failed_ranks) == ("mpirun", 1, [])
     assert result.launcher["rank"] == 1 and "OOM killer" in result.launcher["hint"]
     text = diagnosis_text(result)
-    assert "first failed rank: 1 (it left no traceback; mpirun named it in the driver log)" in text
+    assert "first failed rank: 1 on vm (it left no traceback; mpirun named it in the driver log)" in text
     assert "signal 9 (Killed)" in text and "rank 1/2" in text
     # The same report read for a later run (a requeue started after it) says nothing about that run.
     later = _run_dir(tmp_path / "later", [start, start + 100])
@@ -321,3 +321,19 @@ def test_a_running_runs_frozen_rank_is_named_from_the_heartbeats(tmp_path):
     finished = _events_run(tmp_path / "done", [(events.started(["vm"], 2, None, [], 300.0), start),
                                                (events.finished("completed", "ok", 0, 99.0), start + 99)])
     assert diagnose(finished, now=start + 100).stall is None      # only while RUNNING
+
+
+def test_srun_reports_name_the_task_its_node_and_how_it_ended():
+    driver = [("log.err", STARTING.replace("/usr/bin/mpirun -np 2 -H vm:2", "srun --mpi=pmix")),
+              ("log.err", "srun: error: hpcn2: task 1: Exited with exit code 1"),
+              ("log.err", "srun: error: hpcn1: task 0: Killed"),
+              ("log.err", "srun: error: hpcn2: tasks 2-3: Segmentation fault (core dumped)"),
+              ("log.err", f"srun: error: hpcn1: task 0: Exited with exit code {STOP_EXIT}")]
+    found = rank_exits(driver)
+    assert [(e.rank, e.how, e.node, e.launcher) for e in found] == [
+        (1, "exit code 1", "hpcn2", "srun"),
+        (0, "signal 9 (Killed) on node hpcn1", "hpcn1", "srun"),
+        (2, "signal 11 (Segmentation fault) on node hpcn2", "hpcn2", "srun"),
+        (0, f"exit code {STOP_EXIT}", "hpcn1", "srun")]
+    assert found[0].started == stamp_time(STARTING) and found[-1].stopped
+    assert "OOM killer" in exit_hint(found[1].how) and "native code" in exit_hint(found[2].how)

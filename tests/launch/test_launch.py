@@ -1,11 +1,11 @@
-"""Allocation parsing and the mpirun argv, against golden files (tests/golden/)."""
+"""Allocation parsing and the launchers' argv (mpirun, srun), against golden files (tests/golden/)."""
 
 
 import pytest
 
 from hpc_train.launch.allocation import (Allocation, allocation_from_slurm, expand_hostlist,
                                          expand_tasks_per_node)
-from hpc_train.launch.argv import LaunchPlan, mpirun_argv
+from hpc_train.launch.argv import LaunchPlan, launch_argv, launcher_env, mpirun_argv, srun_argv
 from tests.runs import check_golden
 
 @pytest.mark.parametrize("nodelist, hosts", [
@@ -65,3 +65,41 @@ def test_inherited_keeps_only_variables_that_are_set():
     from hpc_train.launch.argv import inherited
 
     assert inherited({"PATH": "/bin", "SLURM_JOB_ID": "7", "OTHER": "x"}) == ("PATH", "SLURM_JOB_ID")
+
+
+def test_srun_argv_golden():
+    plan = LaunchPlan(flavour="openmpi", method="srun", pmi="pmix", cpus_per_task=8, **PLAN)
+    check_golden("srun.txt", "\n".join(launch_argv(plan)) + "\n")
+
+
+def test_srun_places_uneven_slots_task_by_task():
+    plan = LaunchPlan(flavour="openmpi", method="srun", **{**PLAN, "allocation": Allocation(
+        (("a", 2), ("b", 2), ("c", 1)))})
+    argv = srun_argv(plan)
+    assert "--distribution=arbitrary" in argv and "--nodelist=a,a,b,b,c" in argv
+    assert "--ntasks=5" in argv and not any(a.startswith("--ntasks-per-node") for a in argv)
+
+
+def test_srun_variables_travel_in_its_environment_not_its_argv():
+    plan = LaunchPlan(flavour="openmpi", method="srun", network_interface="10.1.0.0/16", **PLAN)
+    env = launcher_env(plan, {"PATH": "/bin", "ODD": "driver's"})
+    assert env["ODD"] == "a b;$(rm -rf ~)" and env["PATH"] == "/bin"   # the spec's value wins
+    assert env["HPC_TRAIN_LAUNCHER"] == "srun"
+    assert env["OMPI_MCA_btl_tcp_if_include"] == "10.1.0.0/16"
+    assert not any("rm -rf" in a for a in srun_argv(plan))
+    mpirun_plan = LaunchPlan(flavour="openmpi", **PLAN)
+    assert launcher_env(mpirun_plan, {"PATH": "/bin"}) == {"PATH": "/bin"}
+
+
+def test_network_interface_reaches_mpirun_and_hydra():
+    plan = LaunchPlan(flavour="openmpi", network_interface="ib0", **PLAN)
+    argv = mpirun_argv(plan)
+    assert argv[argv.index("btl_tcp_if_include") + 1] == "ib0"
+    assert argv[argv.index("oob_tcp_if_include") + 1] == "ib0"
+    hydra = mpirun_argv(LaunchPlan(flavour="mpich", network_interface="ib0", **PLAN))
+    assert hydra[hydra.index("-iface") + 1] == "ib0"
+
+
+def test_unknown_method():
+    with pytest.raises(ValueError, match="unknown launch method"):
+        launch_argv(LaunchPlan(flavour="openmpi", method="ssh", **PLAN))

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from hpc_train.parallel.data_parallel import make_backend
-from hpc_train.runtime.identity import rank_from_env
+from hpc_train.launch.identity import rank_from_env
 from hpc_train.train.precision import Precision
 from hpc_train.train.step import optimizer_step
 

@@ -27,7 +27,7 @@ from hpc_train.parallel.pipeline.engine import PipelineConfig, PipelineEngine
 from hpc_train.parallel.layout import ParallelLayout
 from hpc_train.parallel.pipeline.memory import SavedTensorMeter
 from hpc_train.parallel.pipeline.scaler import AgreedLossScaler
-from hpc_train.runtime.identity import rank_from_env
+from hpc_train.launch.identity import rank_from_env
 
 BATCH_PER_REPLICA, SEQ, VOCAB = 8, 16, 64
 
