@@ -10,13 +10,42 @@ import argparse
 import sys
 
 from hpc_train import __version__
+from hpc_train.argtypes import positive_float, positive_int
 from hpc_train.errors import HpcTrainError
 
 
 def _doctor(args: argparse.Namespace) -> int:
+    if args.allocation or args.nodes:
+        return _doctor_across_nodes(args)
+    if args.launcher or args.partition or args.time or args.out or args.timeout:
+        raise HpcTrainError("doctor: --launcher, --partition, --time, --out and --timeout go with "
+                            "--allocation or --nodes N")
     from hpc_train.doctor.report import main
 
     return main(json_output=args.json)
+
+
+def _doctor_across_nodes(args: argparse.Namespace) -> int:
+    """doctor --allocation (inside a job) or --nodes N (submits one): the nodes must agree."""
+    import os
+    from pathlib import Path
+
+    from hpc_train.doctor.render import show
+
+    method = args.launcher or "mpirun"
+    out = Path(args.out) if args.out else None
+    if args.allocation:
+        if args.partition or args.time:
+            raise HpcTrainError("doctor --allocation: --partition and --time are for --nodes N")
+        from hpc_train.doctor.allocation import DEFAULT_TIMEOUT, check_allocation
+
+        report = check_allocation(method, out, args.timeout or DEFAULT_TIMEOUT, os.environ)
+    else:
+        from hpc_train.doctor.nodes import DEFAULT_TIME, DEFAULT_WAIT, check_nodes
+
+        report = check_nodes(args.nodes, method, args.partition, args.time or DEFAULT_TIME,
+                             args.timeout or DEFAULT_WAIT, out)
+    return show(report, args.json)
 
 
 def _validate(args: argparse.Namespace) -> int:
@@ -123,8 +152,25 @@ def build_parser() -> argparse.ArgumentParser:
 
     doctor = commands.add_parser(
         "doctor", help="check packages, Horovod, mpirun, Slurm, GPUs and networking",
-        description="Run every environment check; exit 0 only when none FAILs.")
+        description="Run every environment check on this machine; exit 0 only when none FAILs. "
+                    "--allocation (inside salloc/sbatch) or --nodes N (from a login node) instead "
+                    "start one probe per node and check that the nodes agree: same versions and "
+                    "Horovod build, MASTER_ADDR reachable, a correct allreduce across them.")
     doctor.add_argument("--json", action="store_true", help="machine-readable output")
+    across = doctor.add_mutually_exclusive_group()
+    across.add_argument("--allocation", action="store_true",
+                        help="probe every node of the Slurm allocation this runs in")
+    across.add_argument("--nodes", type=positive_int, metavar="N",
+                        help="submit one small job over N nodes that runs --allocation; wait, report")
+    doctor.add_argument("--launcher", choices=("mpirun", "srun"),
+                        help="how the probes start, as launch.method (default mpirun)")
+    doctor.add_argument("--partition", metavar="P", help="--nodes: the partition to submit to")
+    doctor.add_argument("--time", metavar="LIMIT", help="--nodes: the job's time limit (default 5 minutes)")
+    doctor.add_argument("--out", metavar="DIR", help="where the probes' reports go; on a filesystem "
+                        "every node sees (default runs/doctor-...)")
+    doctor.add_argument("--timeout", type=positive_float, metavar="SECONDS",
+                        help="--allocation: for the probes to finish (default 180); "
+                        "--nodes: for the job, queue wait included (default 600)")
     doctor.set_defaults(handler=_doctor)
 
     validate = commands.add_parser(

@@ -1,8 +1,9 @@
-"""Shared fixtures: the real single-node Slurm, and an mpirun command line for this host.
+"""Shared fixtures: the real single-node Slurm, the 2-node Slurm on this machine, and an mpirun
+command line for this host.
 
-The Slurm fixture uses a cluster that already answers (`sinfo`), or starts the project's own
-(env/slurm/start.sh) for the session and stops it afterwards. Under CI=true a missing cluster is
-a failure, never a skip: the end-to-end tests are the point.
+The Slurm fixtures use a cluster that already answers (`sinfo`), or start the project's own
+(env/slurm/start.sh, with --nodes 2 for `slurm_nodes`) for the session and stop it afterwards.
+Under CI=true a missing cluster is a failure, never a skip: the end-to-end tests are the point.
 """
 
 from __future__ import annotations
@@ -28,9 +29,9 @@ def _unavailable(reason: str):
     pytest.skip(reason)
 
 
-def _slurm_answers() -> bool:
+def _slurm_answers(env: dict[str, str] | None = None) -> bool:
     try:
-        return subprocess.run(["sinfo", "-h"], capture_output=True, timeout=10).returncode == 0
+        return subprocess.run(["sinfo", "-h"], capture_output=True, timeout=10, env=env).returncode == 0
     except (FileNotFoundError, subprocess.TimeoutExpired):
         return False
 
@@ -39,11 +40,13 @@ def _slurm_answers() -> bool:
 class SlurmCluster:
     started_here: bool
     job_ids: list[str] = field(default_factory=list)
+    # Environment of every Slurm command; None = ours (the single-node cluster, /etc/slurm).
+    env: dict[str, str] | None = None
 
     def sbatch(self, *args: str) -> str:
         """Submit with --parsable; remember the id so teardown can cancel leftovers."""
         out = subprocess.run(["sbatch", "--parsable", *args], capture_output=True, text=True,
-                             timeout=30, check=True).stdout.strip()
+                             timeout=30, check=True, env=self.env).stdout.strip()
         job_id = out.split(";")[0]
         self.job_ids.append(job_id)
         return job_id
@@ -54,7 +57,7 @@ class SlurmCluster:
         state = ""
         while time.monotonic() < deadline:
             out = subprocess.run(["sacct", "-n", "-X", "-P", "-j", job_id, "-o", "State"],
-                                 capture_output=True, text=True, timeout=20).stdout.split()
+                                 capture_output=True, text=True, timeout=20, env=self.env).stdout.split()
             state = out[0] if out else ""
             if state in states:
                 return state
@@ -79,6 +82,39 @@ def slurm_cluster():
         subprocess.run(["scancel", *cluster.job_ids], capture_output=True, timeout=30)
     if cluster.started_here:
         subprocess.run(["bash", str(REPO / "env/slurm/stop.sh")], capture_output=True, timeout=120)
+
+
+@dataclass
+class SlurmNodes(SlurmCluster):
+    """The multi-node cluster: its own slurm.conf, used through `env` (SLURM_CONF=conf)."""
+    conf: str = ""
+    nodes: list[str] = field(default_factory=list)
+
+
+@pytest.fixture(scope="session")
+def slurm_nodes():
+    """The 2-node cluster of env/slurm/start.sh --nodes 2 (hpcn1, hpcn2, one network namespace
+    each), independent of the single-node one. Point Slurm commands at it with `env`."""
+    state = Path(os.environ.get("HPC_TRAIN_SLURM_NODES_STATE") or REPO / ".slurm-state-nodes").resolve()
+    conf = state / "etc" / "slurm.conf"
+    env = {**os.environ, "SLURM_CONF": str(conf)}
+    started_here = False
+    if not (conf.is_file() and _slurm_answers(env)):
+        if os.geteuid() != 0:
+            _unavailable("the 2-node Slurm does not answer and env/slurm/start.sh --nodes 2 needs root")
+        start = subprocess.run(["bash", str(REPO / "env/slurm/start.sh"), "--nodes", "2"],
+                               capture_output=True, text=True, timeout=300)
+        if start.returncode != 0:
+            _unavailable(f"env/slurm/start.sh --nodes 2 failed:\n{start.stdout}\n{start.stderr}")
+        started_here = True
+    nodes = [line.split()[0] for line in (state / "nodes").read_text().splitlines() if line.strip()]
+    cluster = SlurmNodes(started_here=started_here, env=env, conf=str(conf), nodes=nodes)
+    yield cluster
+    if cluster.job_ids:
+        subprocess.run(["scancel", *cluster.job_ids], capture_output=True, timeout=30, env=env)
+    if cluster.started_here:
+        subprocess.run(["bash", str(REPO / "env/slurm/stop.sh"), "--nodes", "2"], capture_output=True,
+                       timeout=120)
 
 
 @pytest.fixture(scope="session")

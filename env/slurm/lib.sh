@@ -6,6 +6,9 @@
 #   log/   one log per daemon
 #   run/   one PID file per daemon we started (munged, mariadbd, slurmdbd, slurmctld, slurmd)
 #   mysql/ MariaDB datadir     spool/ SlurmdSpoolDir     ctld-state/ StateSaveLocation
+# The multi-node cluster (--nodes N, N >= 2) adds, in its own state dir (default .slurm-state-nodes):
+#   nodes  one "name address" line per compute node      net/  see netns.sh
+#   tmp/<node>/ TmpFS per node; run/slurmd-<node>.pid, log/slurmd-<node>.log, spool/<node>/
 
 # First line of every file we generate: tells our own scripts (and people) the file is ours.
 SLURM_MARKER="# managed by hpc_train env/slurm/start.sh"
@@ -18,6 +21,13 @@ SLURMD_PORT=6818
 SLURMDBD_PORT=6819
 ETC_SLURM_CONF=/etc/slurm/slurm.conf
 APT_HINT="apt-get install --no-install-recommends munge slurmctld slurmd slurm-client slurmdbd mariadb-server-core mariadb-client-core"
+# The multi-node cluster runs next to the single-node one, so every name and port differs.
+NODES_CLUSTER_NAME=hpctrainnodes
+NODES_DB_PORT=${HPC_TRAIN_SLURM_NODES_DB_PORT:-3308}
+NODES_SLURMCTLD_PORT=6827
+NODES_SLURMD_PORT=6828
+NODES_SLURMDBD_PORT=6829
+NODES_MAX=16
 
 say() { printf '[slurm] %s\n' "$*"; }
 die() { printf '[slurm] ERROR: %s\n' "$*" >&2; exit 1; }
@@ -28,24 +38,46 @@ require_root() {
     fi
 }
 
-# parse_args "$@": sets STATE (absolute) and PURGE. Precedence: --state-dir, then
-# $HPC_TRAIN_SLURM_STATE, then <repo root>/.slurm-state (repo root = two levels above env/slurm).
+# parse_args "$@": sets STATE (absolute), PURGE and NODES (MULTI=1 when NODES >= 2).
+# Precedence for the state dir: --state-dir, then $HPC_TRAIN_SLURM_STATE (single node) or
+# $HPC_TRAIN_SLURM_NODES_STATE (--nodes N >= 2), then <repo root>/.slurm-state or
+# <repo root>/.slurm-state-nodes (repo root = two levels above env/slurm). Without --nodes, a state
+# dir holding a `nodes` file is a multi-node one: `stop.sh --state-dir DIR` needs no --nodes.
 parse_args() {
-    local repo_root state=""
+    local repo_root state="" nodes=""
     PURGE=0
     while [[ $# -gt 0 ]]; do
         case "$1" in
             --state-dir) [[ $# -ge 2 ]] || die "--state-dir needs a value"; state=$2; shift 2 ;;
             --state-dir=*) state=${1#*=}; shift ;;
+            --nodes) [[ $# -ge 2 ]] || die "--nodes needs a value"; nodes=$2; shift 2 ;;
+            --nodes=*) nodes=${1#*=}; shift ;;
             --purge) PURGE=1; shift ;;
             -h|--help) usage; exit 0 ;;
             *) die "unknown argument: $1 (see --help)" ;;
         esac
     done
+    if [[ -n $nodes ]] && { [[ ! $nodes =~ ^[0-9]+$ ]] || ((10#$nodes < 1 || 10#$nodes > NODES_MAX)); }; then
+        die "--nodes must be a whole number from 1 to $NODES_MAX (got '$nodes')"
+    fi
+    [[ -z $nodes ]] || nodes=$((10#$nodes))
     repo_root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
-    state=${state:-${HPC_TRAIN_SLURM_STATE:-$repo_root/.slurm-state}}
+    if [[ ${nodes:-1} -ge 2 ]]; then
+        state=${state:-${HPC_TRAIN_SLURM_NODES_STATE:-$repo_root/.slurm-state-nodes}}
+    else
+        state=${state:-${HPC_TRAIN_SLURM_STATE:-$repo_root/.slurm-state}}
+    fi
     # Absolute path even if it does not exist yet: PID-file ownership checks compare against it.
     STATE=$(realpath -m -- "$state")
+    NODES_FILE=$STATE/nodes
+    if [[ -z $nodes && -s $NODES_FILE ]]; then
+        nodes=$(grep -c . -- "$NODES_FILE")
+        ((nodes >= 2)) || die "$NODES_FILE lists $nodes node(s); pass --nodes N"
+    elif [[ $nodes == 1 && -s $NODES_FILE ]]; then
+        die "$STATE holds a multi-node cluster ($NODES_FILE); use --nodes N (N >= 2) or another --state-dir"
+    fi
+    NODES=${nodes:-1}
+    MULTI=$((NODES >= 2 ? 1 : 0))
     ETC=$STATE/etc
     LOG=$STATE/log
     RUN=$STATE/run
@@ -61,6 +93,24 @@ parse_args() {
     # slurmdbd.conf next to $SLURM_CONF, and the daemons inherit this variable, which is how
     # pid_is_ours() recognises them later.
     export SLURM_CONF=$CONF
+    if ((MULTI)); then
+        CLUSTER_NAME=$NODES_CLUSTER_NAME
+        DB_PORT=$NODES_DB_PORT
+        SLURMCTLD_PORT=$NODES_SLURMCTLD_PORT
+        SLURMD_PORT=$NODES_SLURMD_PORT
+        SLURMDBD_PORT=$NODES_SLURMDBD_PORT
+        NODE_TMP=$STATE/tmp
+        net_vars
+        # One slurmd per node, each with its own PID file (run/slurmd-<node>.pid); also any left
+        # from an earlier run with more nodes, so that they are stopped too.
+        local f n extra=()
+        for f in "$RUN"/slurmd-*.pid; do
+            [[ -e $f ]] || continue
+            n=${f##*/slurmd-}; n=${n%.pid}
+            [[ " ${NODE_NAMES[*]} " == *" $n "* ]] || extra+=("slurmd-$n")
+        done
+        DAEMONS=(munged mariadbd slurmdbd slurmctld "${NODE_NAMES[@]/#/slurmd-}" "${extra[@]}")
+    fi
 }
 
 pid_file() { printf '%s/%s.pid' "$RUN" "$1"; }
@@ -88,8 +138,9 @@ alive() {
 # pid_is_ours NAME PID: PID is alive, runs program NAME, and belongs to THIS state dir
 # (its command line mentions the state dir, or it inherited SLURM_CONF=<our conf>).
 # A recycled PID or somebody else's daemon fails this check and is never killed.
+# NAME may carry a node suffix (slurmd-hpcn1): the program is the part before the first '-'.
 pid_is_ours() {
-    local name=$1 pid=$2 comm
+    local name=${1%%-*} pid=$2 comm
     alive "$pid" || return 1
     comm=$(cat "/proc/$pid/comm" 2>/dev/null) || return 1
     [[ $comm == "$name" ]] || return 1
@@ -161,12 +212,34 @@ our_stepds() {
     done
 }
 
+# other_slurm_daemons: Slurm daemons alive here that are not ours (the other cluster of
+# start.sh --nodes, or a site's); they need munged.
+other_slurm_daemons() {
+    local name pid
+    for name in slurmctld slurmd slurmdbd; do
+        for pid in $(pgrep -x "$name" 2>/dev/null); do
+            if ! pid_is_ours "$name" "$pid" && alive "$pid"; then printf '%s ' "$pid"; fi
+        done
+    done
+}
+
 # stop_all_daemons: stop every daemon from our PID files in reverse start order, then any
 # slurmstepd left behind by our slurmd. Returns 1 if anything of ours survived.
+# Our munged is left running (MUNGED_KEPT=1, PID file kept) while another cluster's daemons use
+# it: the single-node and the multi-node cluster share the machine's munged, whoever started it.
+MUNGED_KEPT=0
 stop_all_daemons() {
-    local i rc=0 pids
+    local i rc=0 pids others
     for ((i = ${#DAEMONS[@]} - 1; i >= 0; i--)); do
         case ${DAEMONS[i]} in
+            munged)
+                others=$(other_slurm_daemons)
+                if [[ -n $others ]] && pids=$(running munged); then
+                    say "munged: ours (PID $pids) but still used by other Slurm daemons (PIDs ${others% }); left running, a later stop.sh stops it"
+                    MUNGED_KEPT=1
+                else
+                    stop_daemon munged 10 || rc=1
+                fi ;;
             mariadbd) stop_daemon mariadbd 30 || rc=1 ;;  # InnoDB shutdown can take a while
             *) stop_daemon "${DAEMONS[i]}" 10 || rc=1 ;;
         esac
@@ -196,3 +269,6 @@ etc_conf_is_ours() {
     [[ ! -e $target ]] && return 0
     head -n 3 -- "$target" 2>/dev/null | grep -qxF -- "$SLURM_MARKER"
 }
+
+# shellcheck source=env/slurm/netns.sh
+source "$(dirname "${BASH_SOURCE[0]}")/netns.sh"

@@ -1,18 +1,26 @@
 #!/usr/bin/env bash
 # Start a private single-node Slurm 22.05 cluster (with accounting) without systemd.
 #
-#   bash env/slurm/start.sh [--state-dir DIR]
+#   bash env/slurm/start.sh [--state-dir DIR] [--nodes N]
 #
 # Order: munged -> private mariadbd -> slurmdbd -> slurmctld -i -> slurmd, then wait until the
 # node is idle and sacct answers. Idempotent: if our daemons already run and sinfo answers it
 # exits at once. Stop with env/slurm/stop.sh (same --state-dir).
+#
+# --nodes N (N >= 2): a second, independent cluster (hpctrainnodes) of N compute nodes hpcn1..N,
+# each a slurmd in its own network/UTS/mount namespace on a private bridge (see netns.sh), with
+# its own mariadbd/slurmdbd/slurmctld and ports. It can run next to the single-node one and never
+# touches /etc/slurm: use it with the `export SLURM_CONF=...` line printed last.
 set -euo pipefail
 
 usage() {
-    sed -n '2,8s/^# \{0,1\}//p' "$0"
+    sed -n '2,13s/^# \{0,1\}//p' "$0"
     cat <<EOF
-State dir: --state-dir DIR, else \$HPC_TRAIN_SLURM_STATE, else <repo root>/.slurm-state.
-Env: HPC_TRAIN_SLURM_DB_PORT (MariaDB port, default 3307).
+State dir: --state-dir DIR, else \$HPC_TRAIN_SLURM_STATE, else <repo root>/.slurm-state
+  (--nodes N >= 2: \$HPC_TRAIN_SLURM_NODES_STATE, else <repo root>/.slurm-state-nodes).
+Env: HPC_TRAIN_SLURM_DB_PORT (MariaDB port, default 3307);
+  --nodes N >= 2: HPC_TRAIN_SLURM_NODES_DB_PORT (default 3308), HPC_TRAIN_SLURM_NODES_NET
+  (first three octets of the private /24, default 10.231.7).
 EOF
 }
 
@@ -27,8 +35,13 @@ check_binaries() {
              sinfo sacct sacctmgr scontrol squeue; do
         command -v "$b" >/dev/null 2>&1 || [[ -x /usr/sbin/$b ]] || missing+=("$b")
     done
+    if ((MULTI)); then
+        for b in ip ss nsenter unshare mountpoint hostname srun; do
+            command -v "$b" >/dev/null 2>&1 || [[ -x /usr/sbin/$b ]] || missing+=("$b")
+        done
+    fi
     if [[ ${#missing[@]} -gt 0 ]]; then
-        die "missing programs: ${missing[*]}. Install them with: $APT_HINT"
+        die "missing programs: ${missing[*]}. Install them with: $APT_HINT$( ((MULTI)) && echo " iproute2 util-linux")"
     fi
 }
 
@@ -58,6 +71,12 @@ ensure_hostname() {
 make_dirs() {
     mkdir -p -- "$ETC" "$LOG" "$RUN" "$SPOOL" "$CTLD_STATE"
     chmod 755 -- "$STATE" "$ETC" "$LOG" "$RUN"
+    if ((MULTI)); then
+        local n
+        for n in "${NODE_NAMES[@]}"; do mkdir -p -- "$SPOOL/$n" "$NODE_TMP/$n"; done
+        # TmpFS is the jobs' /tmp: any user may write there, as in /tmp.
+        chmod 1777 -- "${NODE_NAMES[@]/#/$NODE_TMP/}"
+    fi
 }
 
 # munged: reuse any munged that already answers (e.g. the system one); else start our own as
@@ -181,7 +200,12 @@ SQL
 }
 
 write_configs() {
-    local mem_mb pass
+    if ((MULTI)); then write_nodes_conf; else write_slurm_conf; fi
+    write_dbd_conf
+}
+
+write_slurm_conf() {
+    local mem_mb
     # RealMemory a bit below MemTotal: slurmd drains a node that reports less than configured.
     mem_mb=$(awk '/^MemTotal:/ {printf "%d", $2 * 0.85 / 1024}' /proc/meminfo)
     say "config: writing $CONF (node $NODE, CPUs=4, RealMemory=${mem_mb}M)"
@@ -233,7 +257,72 @@ PartitionName=debug Nodes=$NODE Default=YES MaxTime=INFINITE State=UP
 EOF
     mv -f -- "$CONF.tmp" "$CONF"
     chmod 644 -- "$CONF"
+}
 
+# The multi-node slurm.conf: the essentials of the single-node one, per-node paths (%n = node
+# name), and the controller on the bridge address, which every namespace reaches.
+write_nodes_conf() {
+    local mem_mb i nodelines=""
+    # Every slurmd sees the whole machine: share 85% of MemTotal between the nodes.
+    mem_mb=$(awk -v n="$NODES" '/^MemTotal:/ {printf "%d", $2 * 0.85 / 1024 / n}' /proc/meminfo)
+    ((mem_mb >= 2048)) || say "config: WARNING: only ${mem_mb}M per node; jobs asking --mem=2G per node will not run"
+    for ((i = 0; i < NODES; i++)); do
+        nodelines+="NodeName=${NODE_NAMES[i]} NodeAddr=${NODE_ADDRS[i]} CPUs=2 RealMemory=$mem_mb State=UNKNOWN"$'\n'
+    done
+    say "config: writing $CONF (nodes ${NODE_NAMES[*]}, CPUs=2, RealMemory=${mem_mb}M each)"
+    cat >"$CONF.tmp" <<EOF
+$SLURM_MARKER
+# Regenerated on every start: edit env/slurm/start.sh, not this file.
+# Multi-node cluster: one slurmd per network namespace, joined by bridge $BRIDGE ($NET_PREFIX.0/24).
+ClusterName=$CLUSTER_NAME
+# slurmctld runs in the host namespace and must find its own short name here.
+SlurmctldHost=$NODE($CTL_ADDR)
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+CredType=cred/munge
+AuthInfo=cred_expire=10
+SlurmctldPort=$SLURMCTLD_PORT
+SlurmdPort=$SLURMD_PORT
+StateSaveLocation=$CTLD_STATE
+SlurmdSpoolDir=$SPOOL/%n
+SlurmctldPidFile=$RUN/slurmctld.pid
+SlurmdPidFile=$RUN/slurmd-%n.pid
+SlurmctldLogFile=$LOG/slurmctld.log
+SlurmdLogFile=$LOG/slurmd-%n.log
+# All nodes share /tmp, and mpi/pmix creates the same /tmp/spmix_appdir_* on each: one TmpFS each.
+TmpFS=$NODE_TMP/%n
+SlurmctldDebug=info
+SlurmdDebug=info
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+# Jobs choose srun --mpi=pmix (Debian's Open MPI has no Slurm PMI-2 client).
+MpiDefault=none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_CPU
+# Lets each node claim CPUs=2 whatever the core count.
+SlurmdParameters=config_overrides
+SchedulerType=sched/backfill
+SchedulerParameters=bf_interval=1,sched_interval=2
+JobRequeue=1
+ReturnToService=2
+KillWait=5
+OverTimeLimit=0
+MinJobAge=300
+AccountingStorageType=accounting_storage/slurmdbd
+AccountingStorageHost=127.0.0.1
+AccountingStoragePort=$SLURMDBD_PORT
+JobAcctGatherType=jobacct_gather/linux
+JobCompType=jobcomp/none
+MailProg=/bin/true
+${nodelines}PartitionName=debug Nodes=${NODE_PREFIX}[1-$NODES] Default=YES MaxTime=INFINITE State=UP
+EOF
+    mv -f -- "$CONF.tmp" "$CONF"
+    chmod 644 -- "$CONF"
+}
+
+write_dbd_conf() {
+    local pass
     pass=$(db_password)
     say "config: writing $DBD_CONF (mode 600)"
     (umask 077; cat >"$DBD_CONF.tmp" <<EOF
@@ -311,6 +400,80 @@ start_slurmd() {
     setsid slurmd -f "$CONF" </dev/null >>"$LOG/slurmd.log" 2>&1
 }
 
+# start_node_slurmds: one slurmd per node inside its namespaces (node_exec), detached like the
+# other daemons. LAUNCHED[node] = the second just before its launch (see wait_nodes_ready).
+declare -A LAUNCHED=()
+start_node_slurmds() {
+    local n pid
+    for n in "${NODE_NAMES[@]}"; do
+        if pid=$(running "slurmd-$n"); then
+            say "slurmd $n: already running (ours, PID $pid)"; continue
+        fi
+        rm -f -- "$(pid_file "slurmd-$n")"
+        say "slurmd $n: starting in its namespaces (log $LOG/slurmd-$n.log)"
+        LAUNCHED[$n]=$(date +%s)
+        node_argv "$n"
+        setsid "${NODE_ARGV[@]}" slurmd -f "$CONF" -N "$n" </dev/null >>"$LOG/slurmd-$n.log" 2>&1 \
+            || { tail -n 20 -- "$LOG/slurmd-$n.log" | sed 's/^/[slurm]   /'; die "slurmd $n failed to start"; }
+    done
+}
+
+# node_ready NODE STATE START: idle (or busy) and not drained/down/not responding, and if we just
+# launched its slurmd, registered by THAT slurmd: a restarted slurmctld reports nodes IDLE from its
+# saved state before any slurmd registered, so the state alone proves nothing.
+node_ready() {
+    local n=$1 state=$2 start=$3 t
+    [[ $state =~ ^(IDLE|MIXED|ALLOCATED)(\+(COMPLETING|PLANNED|RESERVED))*$ ]] || return 1
+    [[ -n ${LAUNCHED[$n]:-} ]] || return 0
+    [[ $start == None || -z $start ]] && return 1
+    t=$(date -d "$start" +%s 2>/dev/null) || return 1
+    ((t >= LAUNCHED[$n]))
+}
+
+# Wait for every node to be ready; resume nodes left DOWN/DRAINED by an earlier run.
+wait_nodes_ready() {
+    local deadline n line state start pending f last_resume=-100 out
+    deadline=$((SECONDS + WAIT_TIMEOUT))
+    while :; do
+        out=$(timeout 5 scontrol -o show node 2>/dev/null) || out=""
+        pending=()
+        for n in "${NODE_NAMES[@]}"; do
+            line=$(grep -m1 "^NodeName=$n " <<<"$out") || line=""
+            state=$(sed -n 's/.* State=\([^ ]*\).*/\1/p' <<<"$line")
+            start=$(sed -n 's/.* SlurmdStartTime=\([^ ]*\).*/\1/p' <<<"$line")
+            node_ready "$n" "$state" "$start" || pending+=("$n:${state:-no answer}")
+            if [[ $state == *DRAIN* || $state == DOWN* || $state == *FAIL* ]] && ((SECONDS - last_resume >= 5)); then
+                say "node $n is '$state': resuming it"
+                timeout 5 scontrol update nodename="$n" state=resume >/dev/null 2>&1 || true
+                last_resume=$SECONDS
+            fi
+        done
+        if [[ ${#pending[@]} -eq 0 ]]; then
+            say "nodes ${NODE_NAMES[*]}: idle, registered by their slurmd"
+            return 0
+        fi
+        if ((SECONDS >= deadline)); then
+            say "timed out after ${WAIT_TIMEOUT}s: nodes not ready: ${pending[*]}"
+            for n in "${NODE_NAMES[@]}"; do
+                f=$LOG/slurmd-$n.log
+                say "last lines of $f:"
+                tail -n 12 -- "$f" 2>/dev/null | sed 's/^/[slurm]   /' || true
+            done
+            say "last lines of $LOG/slurmctld.log:"
+            tail -n 20 -- "$LOG/slurmctld.log" 2>/dev/null | sed 's/^/[slurm]   /' || true
+            exit 1
+        fi
+        sleep 0.5
+    done
+}
+
+# mpi/pmix is what multi-node MPI jobs use (srun --mpi=pmix, and mpirun's orted through srun).
+check_pmix() {
+    if ! timeout 10 srun --mpi=list 2>&1 | grep -qw pmix; then
+        say "WARNING: srun --mpi=list shows no pmix plugin; MPI jobs across nodes need it (apt-get install slurm-wlm-basic-plugins libpmix2)"
+    fi
+}
+
 node_state() { timeout 5 sinfo -h -n "$NODE" -o %T 2>/dev/null | head -n 1; }
 
 # Wait for the node to be idle; resume it if it was left DOWN/DRAINED by an earlier run.
@@ -355,12 +518,29 @@ link_etc_conf() {
     fi
 }
 
-# Fast path: all our daemons alive and the controller answers.
+# ports_free: none of our host ports is taken (by now none of our daemons runs), e.g. by the
+# multi-node cluster of another state dir: fail before touching anything, not halfway through.
+ports_free() {
+    local p busy=""
+    for p in "$DB_PORT" "$SLURMCTLD_PORT" "$SLURMDBD_PORT"; do
+        if [[ -n $(ss -Hltn "sport = :$p" 2>/dev/null) ]]; then
+            busy+=" $p ($(ss -Hltnp "sport = :$p" 2>/dev/null | grep -o 'users:.*' | head -n 1))"
+        fi
+    done
+    [[ -z $busy ]] || die "ports in use:$busy. Another multi-node cluster (state dir $(cat -- "$NET_OWNER_FILE" 2>/dev/null || echo unknown))? Stop it first"
+}
+
+# Fast path: all our daemons alive and the controller answers (multi-node: and the network and
+# node list are those asked for).
 already_running() {
     local d
-    for d in mariadbd slurmdbd slurmctld slurmd; do
+    for d in "${DAEMONS[@]:1}"; do
         running "$d" >/dev/null || return 1
     done
+    if ((MULTI)); then
+        net_ok || return 1
+        [[ $(cat -- "$NODES_FILE" 2>/dev/null) == "$(paste -d' ' <(printf '%s\n' "${NODE_NAMES[@]}") <(printf '%s\n' "${NODE_ADDRS[@]}"))" ]] || return 1
+    fi
     running munged >/dev/null || munge_works || return 1
     timeout 5 sinfo -h >/dev/null 2>&1
 }
@@ -371,14 +551,23 @@ main() {
     check_binaries
 
     if [[ -d $STATE ]] && already_running; then
-        say "already running (state $STATE, node $NODE: $(node_state))"
-        link_etc_conf
+        if ((MULTI)); then
+            say "already running (state $STATE, cluster $CLUSTER_NAME, nodes: $(timeout 5 sinfo -h -N -o '%N=%T' 2>/dev/null | paste -sd' '))"
+        else
+            say "already running (state $STATE, node $NODE: $(node_state))"
+            link_etc_conf
+        fi
         echo "export SLURM_CONF=$CONF"
         exit 0
     fi
     if compgen -G "$RUN/*.pid" >/dev/null; then
         say "partial state in $RUN: stopping what is left, then starting fresh (data kept)"
         stop_all_daemons || die "could not stop leftover daemons; see above"
+    fi
+    if ((MULTI)); then
+        # The network is cheap to build: rebuild it from scratch rather than repair it.
+        [[ ! -e $NET_CREATED ]] || net_down
+        ports_free
     fi
 
     say "state dir: $STATE"
@@ -389,6 +578,17 @@ main() {
     start_mariadbd
     start_slurmdbd
     register_cluster
+    if ((MULTI)); then
+        net_up
+        start_slurmctld
+        start_node_slurmds
+        wait_nodes_ready
+        wait_for "sacct to answer" 30 "$LOG/slurmdbd.log" timeout 10 sacct -n -X -S now-1hour
+        check_pmix
+        say "cluster $CLUSTER_NAME is up: nodes $(awk '{printf "%s%s=%s", (NR > 1 ? " " : ""), $1, $2}' "$NODES_FILE"), controller $NODE=$CTL_ADDR:$SLURMCTLD_PORT; /etc/slurm untouched"
+        echo "export SLURM_CONF=$CONF"
+        return
+    fi
     start_slurmctld
     start_slurmd
     wait_node_idle

@@ -1,16 +1,19 @@
 #!/usr/bin/env bash
 # Stop the private single-node Slurm cluster started by env/slurm/start.sh.
 #
-#   bash env/slurm/stop.sh [--state-dir DIR] [--purge]
+#   bash env/slurm/stop.sh [--state-dir DIR] [--nodes N] [--purge]
 #
 # Cancels remaining jobs, then stops ONLY the daemons named in our PID files (slurmd, slurmctld,
 # slurmdbd, mariadbd, munged), after checking each PID still is that program of this state dir.
 # Data (DB, controller state) stay; --purge also removes the state dir and our /etc/slurm symlink.
+# --nodes N (N >= 2), or a --state-dir of a multi-node cluster: also removes the namespaces, veths,
+# bridge and /run/netns mount that start.sh created (listed in <state>/net/created), nothing else.
 set -euo pipefail
 
 usage() {
-    sed -n '2,8s/^# \{0,1\}//p' "$0"
-    echo "State dir: --state-dir DIR, else \$HPC_TRAIN_SLURM_STATE, else <repo root>/.slurm-state."
+    sed -n '2,10s/^# \{0,1\}//p' "$0"
+    echo "State dir: --state-dir DIR, else \$HPC_TRAIN_SLURM_STATE, else <repo root>/.slurm-state"
+    echo "  (--nodes N >= 2: \$HPC_TRAIN_SLURM_NODES_STATE, else <repo root>/.slurm-state-nodes)."
 }
 
 # shellcheck source=env/slurm/lib.sh
@@ -43,6 +46,7 @@ cancel_jobs() {
 verify_stopped() {
     local name pid rc=0
     for name in slurmstepd slurmd slurmctld slurmdbd mariadbd munged; do
+        [[ $name == munged ]] && ((MUNGED_KEPT)) && continue   # kept on purpose, said above
         for pid in $(pgrep -x "$name" 2>/dev/null); do
             if [[ $name == slurmstepd ]] && our_stepds | grep -qx "$pid"; then :
             elif [[ $name != slurmstepd ]] && pid_is_ours "$name" "$pid"; then :
@@ -77,6 +81,11 @@ main() {
     else
         cancel_jobs
         stop_all_daemons || true
+    fi
+    # After the slurmds: a namespace lives on while a process is in it, so removing it is only
+    # final once they are gone (and harmless if one survived: verify_stopped reports it).
+    if ((MULTI)); then
+        net_down
     fi
     if ! verify_stopped; then
         die "some of our processes are still running (see above)"

@@ -103,12 +103,12 @@ def srun_argv(plan: LaunchPlan) -> list[str]:
     """srun inside the job's allocation: the tasks laid out exactly as the allocation's slots.
 
     --kill-on-bad-exit: a rank that fails ends the step at once, as mpirun does, instead of
-    leaving its peers blocked in a collective. --cpu-bind=none: ranks pin their own GPU and
-    threads, as with mpirun's `-bind-to none`.
+    leaving its peers blocked in a collective. CPU binding is left to the site's Slurm (its
+    reason to ask for srun); launch.extra_args can pass `--cpu-bind=...`.
     """
     return ["srun", f"--mpi={plan.pmi}", f"--ntasks={plan.allocation.world_size}",
             *_srun_layout(plan.allocation), f"--cpus-per-task={plan.cpus_per_task}",
-            "--cpu-bind=none", "--kill-on-bad-exit=1", *plan.extra_args, *plan.worker]
+            "--kill-on-bad-exit=1", *plan.extra_args, *plan.worker]
 
 
 def _srun_layout(allocation: Allocation) -> list[str]:

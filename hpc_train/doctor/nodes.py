@@ -1,0 +1,145 @@
+"""`doctor --nodes N`: from a login node, one small batch job over N nodes (one task each) that
+runs `doctor --allocation --json`; wait for it, bounded, and show the report it printed.
+
+It uses whichever Slurm the environment points at (SLURM_CONF included), and sbatch exports this
+environment to the job (its default, --export=ALL), so the job runs this Python and package.
+Every value travels as an argv element; the one generated text, the batch script, quotes each
+word with shlex.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import sys
+import time
+from pathlib import Path
+
+from hpc_train import _proc, scheduler
+from hpc_train.doctor.allocation import DEFAULT_TIMEOUT
+from hpc_train.errors import LaunchError, SubmitError
+from hpc_train.spec.values import slurm_time_seconds
+
+DEFAULT_TIME = "5"          # minutes: imports and an MPI start-up, many times over
+DEFAULT_MEM_MB = 2048       # torch + Horovod + mpi4py in one process, with room to spare
+DEFAULT_WAIT = 600.0        # queue wait included
+JOB_NAME = "hpc-doctor"
+POLL_SECONDS = 2.0
+OUTPUT, ERRORS, SCRIPT = "job.out", "job.err", "doctor.sbatch"
+
+
+def smallest_node_memory(sinfo_text: str) -> int | None:
+    """`sinfo -h -o %m` lines ('10244', '3000+': at least 3000 MB) -> the smallest, in MB."""
+    sizes = [int(line.strip().rstrip("+")) for line in sinfo_text.splitlines()
+             if line.strip().rstrip("+").isdigit()]
+    return min(sizes) if sizes else None
+
+
+def job_memory_mb(smallest: int | None) -> int:
+    """What the job asks per node: DEFAULT_MEM_MB, or less on nodes that are smaller. Some
+    memory is asked for at all because without --mem a job may be given the whole node."""
+    if not smallest:
+        return DEFAULT_MEM_MB
+    return max(1, min(DEFAULT_MEM_MB, smallest // 2))
+
+
+def inner_timeout(time_limit: str) -> float:
+    """The probes' launch timeout inside the job: leave 30 s of the limit to report."""
+    seconds = slurm_time_seconds(time_limit)
+    if not seconds:
+        raise SubmitError(f"--time {time_limit!r}: not a Slurm time limit (e.g. 5, 10:00, 0:05:00)")
+    return max(20.0, min(DEFAULT_TIMEOUT, seconds - 30.0))
+
+
+def batch_script(python: str, method: str, out_dir: Path, timeout: float) -> str:
+    command = [python, "-m", "hpc_train", "doctor", "--allocation", "--json", "--launcher", method,
+               "--out", str(out_dir), "--timeout", f"{timeout:g}"]
+    return ("#!/bin/bash\n"
+            "# Written by `python -m hpc_train doctor --nodes`: one probe per node of this job.\n"
+            f"exec {shlex.join(command)}\n")
+
+
+def sbatch_argv(nodes: int, time_limit: str, mem_mb: int, out_dir: Path, script: Path,
+                partition: str | None) -> list[str]:
+    argv = ["sbatch", "--parsable", f"--job-name={JOB_NAME}", f"--nodes={nodes}", "--ntasks-per-node=1",
+            f"--time={time_limit}", f"--mem={mem_mb}M", f"--output={out_dir / OUTPUT}",
+            f"--error={out_dir / ERRORS}", f"--chdir={Path.cwd()}"]
+    if partition:
+        argv.append(f"--partition={partition}")
+    return [*argv, str(script)]
+
+
+def parse_job_output(text: str) -> dict | None:
+    """The last JSON report in the job's output (anything a site's prologue prints may come
+    before it), or None."""
+    decoder, found, start = json.JSONDecoder(), None, 0
+    while (start := text.find("{", start)) != -1:
+        try:
+            value, end = decoder.raw_decode(text, start)
+        except json.JSONDecodeError:
+            start += 1
+            continue
+        if isinstance(value, dict) and "verdict" in value:
+            found = value
+        start = end
+    return found
+
+
+def failure(what: str, **extra) -> dict:
+    """A report for a job that printed none."""
+    problem = {"node": "", "rank": None, "what": what}
+    return {"ok": False, "verdict": f"FAIL: {what}", "problems": [problem], "majority": {},
+            "nodes": [], "reports": {}, **extra}
+
+
+def _tail(path: Path, lines: int = 5) -> str:
+    try:
+        return " | ".join(path.read_text(errors="replace").strip().splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def wait_for(job_id: str, timeout: float) -> tuple[bool, str]:
+    """Poll squeue until the job has left the queue or the timeout: (ended, the last state
+    seen; '' when squeue never listed it)."""
+    until = time.monotonic() + timeout
+    seen = ""
+    while time.monotonic() < until:
+        state = scheduler.queue_state(job_id)   # None: squeue failed this time; ask again
+        if state == "" or (state and state not in scheduler.ACTIVE_STATES):
+            return True, state or seen
+        seen = state or seen
+        time.sleep(POLL_SECONDS)
+    return False, seen
+
+
+def check_nodes(nodes: int, method: str, partition: str | None, time_limit: str, wait: float,
+                out_dir: Path | None) -> dict:
+    out_dir = (out_dir or Path("runs") / f"doctor-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}").resolve()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    script = out_dir / SCRIPT
+    script.write_text(batch_script(sys.executable, method, out_dir, inner_timeout(time_limit)))
+    sinfo = _proc.run(["sinfo", "-h", "-o", "%m", *([f"--partition={partition}"] if partition else [])],
+                      timeout=20)
+    mem = job_memory_mb(smallest_node_memory(sinfo.stdout) if sinfo.ok else None)
+    submitted = _proc.run(sbatch_argv(nodes, time_limit, mem, out_dir, script, partition), timeout=60)
+    if not submitted.ok:
+        raise SubmitError(f"sbatch refused the doctor's job: {(submitted.stderr or submitted.stdout).strip()}")
+    job_id = submitted.stdout.strip().split(";")[0]
+    print(f"doctor: job {job_id} on {nodes} node{'s' * (nodes > 1)} ({method}); waiting up to "
+          f"{wait:g} s; output in {out_dir}", file=sys.stderr, flush=True)
+    ended, state = wait_for(job_id, wait)
+    if not ended:
+        _proc.run(["scancel", job_id], timeout=30)
+        raise LaunchError(f"doctor job {job_id} still {state or 'unknown'} after {wait:g} s: cancelled "
+                          "it. A busy queue: raise --timeout, or pick an idle --partition")
+    record = scheduler.show_job(job_id)
+    state = record.state if record else state or "unknown"
+    output = out_dir / OUTPUT
+    report = parse_job_output(output.read_text(errors="replace")) if output.is_file() else None
+    if report is None:
+        return failure(f"job {job_id} ended {state} without a report: "
+                       f"{_tail(out_dir / ERRORS) or 'no output'}", job_id=job_id, out_dir=str(out_dir))
+    report["job_id"] = job_id
+    return report

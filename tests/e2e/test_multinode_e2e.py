@@ -1,0 +1,184 @@
+"""Jobs across the 2-node Slurm (env/slurm/start.sh --nodes 2), as users submit them.
+
+Every job is submitted at once by the module fixture (the cluster runs two at a time: each takes
+one CPU on each node) and judged by the tests:
+- jobs/smoke.yaml with one rank per node trains to completion under Horovod and DDP, launched by
+  mpirun and by srun --mpi=pmix: equal weights on both ranks, one rank on each node, loss falling;
+- the CPU pipeline example with its two stages on the two nodes;
+- a job stopped by USR2 and then by `scontrol requeue` resumes on both nodes and completes;
+- a rank on the second node that raises, and one that freezes, under each launcher: the job ends
+  as the lifecycle rules say (here no retries: FAILED) and `diagnose` names the rank and its node.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+
+import pytest
+
+from hpc_train.rundir import RunPaths, read_jsonl
+from tests.runs import assert_trained, cli, describe_failure, events, heartbeat_step, submit
+
+pytestmark = [pytest.mark.multinode, pytest.mark.slurm, pytest.mark.mpi, pytest.mark.slow]
+
+ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"}
+ACROSS = ["slurm.nodes=2", "slurm.tasks_per_node=1"]
+NO_RETRY = ["checkpoint.retries_on_failure=0", "launch.stall_seconds=15"]
+SMOKE = "jobs/smoke.yaml"
+PIPELINE = "jobs/transformer_pipeline_cpu.yaml"
+
+# name -> (spec, overrides, actor or None)
+PLAN: dict[str, tuple] = {
+    **{f"{method}-{backend}": (SMOKE, [f"launch.method={method}", f"parallel.backend={backend}"], None)
+       for method in ("mpirun", "srun") for backend in ("horovod", "ddp")},
+    "pipeline": (PIPELINE, ["parallel.pipeline.stages=2", "optim.max_steps=24", "log.every_steps=4"],
+                 None),
+    "stopped": (SMOKE, ["launch.method=srun", "checkpoint.every_steps=20", "log.every_steps=2"],
+                "stop_twice"),
+    **{f"raise-{method}": (SMOKE, [f"launch.method={method}", "launch.env.HPC_TRAIN_FAULT=raise:1:6",
+                                   *NO_RETRY], None) for method in ("mpirun", "srun")},
+    **{f"freeze-{method}": (SMOKE, [f"launch.method={method}", "launch.env.HPC_TRAIN_FAULT=freeze:1:6",
+                                    *NO_RETRY], None) for method in ("mpirun", "srun")},
+}
+
+
+@dataclass
+class Job:
+    job_id: str
+    paths: RunPaths
+    acted: Future | None = None
+
+
+def _wait_for(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if value := predicate():
+            return value
+        time.sleep(0.3)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def _stop_twice(cluster, job_id: str, paths: RunPaths) -> list[dict]:
+    """USR2 to the batch shell at step 10, then `scontrol requeue` at step 30 of the next run."""
+    stops, since = [], 0.0
+    for kind, at_step in (("USR2", 10), ("scontrol requeue", 30)):
+        _wait_for(lambda: _logged_step(paths, since) >= at_step, 600, f"step {at_step}")
+        command = {"USR2": ["scancel", "--batch", "--signal=USR2", job_id],
+                   "scontrol requeue": ["scontrol", "requeue", job_id]}[kind]
+        sent = time.time()
+        subprocess.run(command, check=True, timeout=30, env=cluster.env)
+        resumed = _wait_for(lambda: [e for e in events(paths, "resumed") if e["time"] > sent], 600,
+                            f"the resume after {kind}")[0]
+        stops.append({"kind": kind, "sent": sent, "resumed_from": resumed["from_checkpoint"]})
+        since = resumed["time"]
+    return stops
+
+
+def _logged_step(paths: RunPaths, since: float) -> int:
+    steps = [m["step"] for m in read_jsonl(paths.metrics)
+             if m.get("split") is None and m.get("time", 0) >= since]
+    return steps[-1] if steps else -1
+
+
+@pytest.fixture(scope="module")
+def jobs(slurm_nodes, tmp_path_factory):
+    root = tmp_path_factory.mktemp("multinode")
+    submitted = {}
+    with ThreadPoolExecutor(max_workers=2) as actors:
+        for name, (spec, overrides, actor) in PLAN.items():
+            job_id, paths = submit(spec, root, f"run.name={name}", *ACROSS, *overrides,
+                                   env=slurm_nodes.env)
+            slurm_nodes.job_ids.append(job_id)
+            act = actors.submit(_stop_twice, slurm_nodes, job_id, paths) if actor else None
+            submitted[name] = Job(job_id, paths, act)
+        yield submitted
+
+
+def _ended(cluster, job: Job, timeout: float = 900) -> str:
+    return cluster.wait_state(job.job_id, ENDED, timeout=timeout)
+
+
+def _hosts(paths: RunPaths) -> dict[int, str]:
+    """Rank -> node, from each rank's first log line ("rank 1/2 (local 0) pid 7 on hpcn2")."""
+    found = {}
+    for rank in (0, 1):
+        first = next(line for line in paths.rank_log(rank).read_text().splitlines() if " pid " in line)
+        found[rank] = first.rsplit(" on ", 1)[1]
+    return found
+
+
+@pytest.mark.parametrize("method", ["mpirun", "srun"])
+@pytest.mark.parametrize("backend", ["horovod", "ddp"])
+def test_smoke_job_trains_across_two_nodes(method, backend, jobs, slurm_nodes):
+    job = jobs[f"{method}-{backend}"]
+    assert _ended(slurm_nodes, job) == "COMPLETED", describe_failure(job.paths)
+    assert_trained(job.paths, ranks=2)
+    assert _hosts(job.paths) == {0: slurm_nodes.nodes[0], 1: slurm_nodes.nodes[1]}
+    started = events(job.paths, "started")[0]
+    assert started["hosts"] == slurm_nodes.nodes[:2]
+    assert started["argv"][0].endswith(method)
+
+
+def test_smoke_weights_do_not_depend_on_the_launcher(jobs, slurm_nodes):
+    for backend in ("horovod", "ddp"):
+        digests = set()
+        for method in ("mpirun", "srun"):
+            job = jobs[f"{method}-{backend}"]
+            assert _ended(slurm_nodes, job) == "COMPLETED", describe_failure(job.paths)
+            digests |= {e["params_sha256"] for e in events(job.paths, "rank_finished")}
+        assert len(digests) == 1, f"{backend}: mpirun and srun runs ended with different weights"
+
+
+def test_pipeline_stages_on_two_nodes(jobs, slurm_nodes):
+    job = jobs["pipeline"]
+    assert _ended(slurm_nodes, job) == "COMPLETED", describe_failure(job.paths)
+    finished = {e["rank"]: e for e in events(job.paths, "rank_finished")}
+    assert {r: finished[r]["stage"] for r in finished} == {0: 0, 1: 1}
+    assert _hosts(job.paths) == {0: slurm_nodes.nodes[0], 1: slurm_nodes.nodes[1]}
+    losses = [m["loss"] for m in read_jsonl(job.paths.metrics) if m.get("split") is None]
+    assert len(losses) >= 3 and losses[-1] < losses[0], losses
+
+
+def test_two_node_job_stopped_by_usr2_and_requeue_resumes_on_both_nodes(jobs, slurm_nodes):
+    job = jobs["stopped"]
+    stops = job.acted.result(timeout=900)
+    assert _ended(slurm_nodes, job) == "COMPLETED", describe_failure(job.paths)
+    assert_trained(job.paths, ranks=2)
+    starts = events(job.paths, "started")
+    assert len(starts) == 3 and all(s["hosts"] == slurm_nodes.nodes[:2] for s in starts)
+    # USR2: the ranks agreed on a step and saved it; the requeue resumed from a checkpoint.
+    assert [s["kind"] for s in stops] == ["USR2", "scontrol requeue"]
+    saved = events(job.paths, "stop_saved")
+    assert saved and stops[0]["resumed_from"] == saved[0]["step"]
+    assert stops[1]["resumed_from"] >= stops[0]["resumed_from"]
+    sacct = subprocess.run(["sacct", "-n", "-X", "-D", "-P", "-j", job.job_id, "-o", "State,NNodes"],
+                           capture_output=True, text=True, timeout=20, env=slurm_nodes.env).stdout
+    assert [line.split("|")[1] for line in sacct.split()] == ["2"] * 3, sacct
+    assert sacct.split()[-1].startswith("COMPLETED") and "REQUEUED" in sacct, sacct
+
+
+@pytest.mark.parametrize("method", ["mpirun", "srun"])
+def test_a_rank_raising_on_the_second_node_is_named_with_its_node(method, jobs, slurm_nodes):
+    job = jobs[f"raise-{method}"]
+    assert _ended(slurm_nodes, job) == "FAILED", describe_failure(job.paths)
+    assert events(job.paths, "finished")[-1]["status"] == "failed"
+    out = cli("diagnose", str(job.paths.root), env=slurm_nodes.env)
+    assert f"first failed rank: 1 on {slurm_nodes.nodes[1]} (first traceback" in out.stdout, out.stdout
+    assert "InjectedFault" in out.stdout
+
+
+@pytest.mark.parametrize("method", ["mpirun", "srun"])
+def test_a_rank_freezing_on_the_second_node_is_named_and_torn_down(method, jobs, slurm_nodes):
+    job = jobs[f"freeze-{method}"]
+    assert _ended(slurm_nodes, job) == "FAILED", describe_failure(job.paths)
+    stalled = events(job.paths, "ranks_stalled")
+    assert stalled and [(r["rank"], r["host"]) for r in stalled[0]["ranks"]] == [(1, slurm_nodes.nodes[1])]
+    finished = events(job.paths, "finished")[-1]
+    # The teardown reached the rank on the other node: well within the 15 s stall plus 30 s.
+    assert finished["status"] == "failed" and finished["time"] - stalled[0]["time"] < 30, finished
+    assert heartbeat_step(job.paths, 1) < 92
+    out = cli("diagnose", str(job.paths.root), env=slurm_nodes.env)
+    assert f"rank 1 on {slurm_nodes.nodes[1]}" in out.stdout, out.stdout
