@@ -95,6 +95,13 @@ def local_run(root: Path, *overrides: str, name: str = "local", spec_file: str =
     return paths
 
 
+def logged_step(paths: RunPaths, since: float = 0.0) -> int:
+    """The last training step rank 0 logged at or after `since` (-1: none yet)."""
+    steps = [m["step"] for m in read_jsonl(paths.metrics)
+             if m.get("split") is None and m.get("time", 0) >= since]
+    return steps[-1] if steps else -1
+
+
 def heartbeat_step(paths: RunPaths, rank: int = 0) -> int:
     """How far the run is: the later of rank 0's last logged step and `rank`'s heartbeat (which
     a thread rewrites every few seconds, so it may lag a fast run); -1 before either exists."""
@@ -177,3 +184,15 @@ def assert_identical(a, b, path="state"):
 
 
 BAD_SPECS = sorted((REPO / "tests" / "specs_bad").glob("*.yaml"))
+
+
+def wait_for(predicate, timeout: float, what: str):
+    """Poll `predicate` until it returns something true, and return that; fail after `timeout` s."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if value := predicate():
+            return value
+        time.sleep(0.3)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")

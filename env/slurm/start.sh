@@ -199,6 +199,37 @@ FLUSH PRIVILEGES;
 SQL
 }
 
+# The settings both clusters share (single node and multi-node), verified on this machine.
+conf_essentials() {
+    cat <<EOF
+SlurmctldDebug=info
+SlurmdDebug=info
+# No cgroups in the sandbox.
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+# Jobs choose srun --mpi=pmix (Debian's Open MPI has no Slurm PMI-2 client).
+MpiDefault=none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_CPU
+# Lets a node claim more CPUs than the machine's core count.
+SlurmdParameters=config_overrides
+SchedulerType=sched/backfill
+SchedulerParameters=bf_interval=1,sched_interval=2
+JobRequeue=1
+ReturnToService=2
+KillWait=5
+OverTimeLimit=0
+MinJobAge=300
+AccountingStorageType=accounting_storage/slurmdbd
+AccountingStorageHost=127.0.0.1
+AccountingStoragePort=$SLURMDBD_PORT
+JobAcctGatherType=jobacct_gather/linux
+JobCompType=jobcomp/none
+# No mail in the sandbox; the default /bin/mail is missing and slurmctld logs an error.
+MailProg=/bin/true
+EOF
+}
+
 write_configs() {
     if ((MULTI)); then write_nodes_conf; else write_slurm_conf; fi
     write_dbd_conf
@@ -228,30 +259,7 @@ SlurmctldPidFile=$RUN/slurmctld.pid
 SlurmdPidFile=$RUN/slurmd.pid
 SlurmctldLogFile=$LOG/slurmctld.log
 SlurmdLogFile=$LOG/slurmd.log
-SlurmctldDebug=info
-SlurmdDebug=info
-# No cgroups in the sandbox.
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-MpiDefault=none
-SelectType=select/cons_tres
-SelectTypeParameters=CR_CPU
-# Lets the node claim CPUs=4 whatever the core count.
-SlurmdParameters=config_overrides
-SchedulerType=sched/backfill
-SchedulerParameters=bf_interval=1,sched_interval=2
-JobRequeue=1
-ReturnToService=2
-KillWait=5
-OverTimeLimit=0
-MinJobAge=300
-AccountingStorageType=accounting_storage/slurmdbd
-AccountingStorageHost=127.0.0.1
-AccountingStoragePort=$SLURMDBD_PORT
-JobAcctGatherType=jobacct_gather/linux
-JobCompType=jobcomp/none
-# No mail in the sandbox; the default /bin/mail is missing and slurmctld logs an error.
-MailProg=/bin/true
+$(conf_essentials)
 NodeName=$NODE NodeAddr=127.0.0.1 CPUs=4 RealMemory=$mem_mb State=UNKNOWN
 PartitionName=debug Nodes=$NODE Default=YES MaxTime=INFINITE State=UP
 EOF
@@ -292,29 +300,7 @@ SlurmctldLogFile=$LOG/slurmctld.log
 SlurmdLogFile=$LOG/slurmd-%n.log
 # All nodes share /tmp, and mpi/pmix creates the same /tmp/spmix_appdir_* on each: one TmpFS each.
 TmpFS=$NODE_TMP/%n
-SlurmctldDebug=info
-SlurmdDebug=info
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-# Jobs choose srun --mpi=pmix (Debian's Open MPI has no Slurm PMI-2 client).
-MpiDefault=none
-SelectType=select/cons_tres
-SelectTypeParameters=CR_CPU
-# Lets each node claim CPUs=2 whatever the core count.
-SlurmdParameters=config_overrides
-SchedulerType=sched/backfill
-SchedulerParameters=bf_interval=1,sched_interval=2
-JobRequeue=1
-ReturnToService=2
-KillWait=5
-OverTimeLimit=0
-MinJobAge=300
-AccountingStorageType=accounting_storage/slurmdbd
-AccountingStorageHost=127.0.0.1
-AccountingStoragePort=$SLURMDBD_PORT
-JobAcctGatherType=jobacct_gather/linux
-JobCompType=jobcomp/none
-MailProg=/bin/true
+$(conf_essentials)
 ${nodelines}PartitionName=debug Nodes=${NODE_PREFIX}[1-$NODES] Default=YES MaxTime=INFINITE State=UP
 EOF
     mv -f -- "$CONF.tmp" "$CONF"

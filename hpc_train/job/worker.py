@@ -55,6 +55,9 @@ def join_network(environ, rank: int) -> None:
         except LookupError as exc:
             raise LaunchError(f"rank {rank} on {here}: launch.network_interface: {exc}") from None
         environ.update(chosen)
+        logging.getLogger("hpc_train.worker").info(
+            "network %s: interface %s for Gloo, NCCL and Horovod", setting,
+            chosen["GLOO_SOCKET_IFNAME"])
     master = environ.get("MASTER_ADDR")
     if master:
         try:

@@ -29,7 +29,8 @@ import pytest
 
 from hpc_train.checkpoint import layout
 from hpc_train.rundir import RunPaths, read_jsonl
-from tests.runs import assert_identical, cli, describe_failure, events, submit
+from tests.runs import (assert_identical, cli, describe_failure, events, logged_step, submit,
+                        wait_for)
 
 pytestmark = [pytest.mark.slurm, pytest.mark.mpi, pytest.mark.horovod, pytest.mark.slow]
 
@@ -44,22 +45,6 @@ FAKE_SCONTROL = """#!/bin/sh
 if [ "$1" = requeue ]; then echo "scontrol: error: requeue refused by the test's stand-in" >&2; exit 1; fi
 exec {real} "$@"
 """
-
-
-def _wait_for(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if value := predicate():
-            return value
-        time.sleep(0.3)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-
-
-def logged_step(paths, since: float = 0.0) -> int:
-    """The last training step rank 0 logged at or after `since` (-1: none yet)."""
-    steps = [m["step"] for m in read_jsonl(paths.metrics)
-             if m.get("split") is None and m.get("time", 0) >= since]
-    return steps[-1] if steps else -1
 
 
 def _queue_state(job_id: str) -> str:
@@ -113,7 +98,7 @@ def _stop_three_ways(job_id: str, paths: RunPaths) -> list[dict]:
     the run is training past the last one's resume. Returns when and how each stop was sent."""
     stops, since = [], 0.0
     for kind, at_step in (("USR2", 8), ("scontrol requeue", 24), ("TERM --full", 56)):
-        _wait_for(lambda: logged_step(paths, since) >= at_step, 600, f"step {at_step} of {paths.root.name}")
+        wait_for(lambda: logged_step(paths, since) >= at_step, 600, f"step {at_step} of {paths.root.name}")
         sent = time.time()
         command = {"USR2": ["scancel", "--batch", "--signal=USR2", job_id],
                    "scontrol requeue": ["scontrol", "requeue", job_id],
@@ -121,11 +106,11 @@ def _stop_three_ways(job_id: str, paths: RunPaths) -> list[dict]:
         subprocess.run(command, check=True, timeout=30)
         stops.append({"kind": kind, "sent": sent, "step": logged_step(paths, since)})
         # The next stop waits for the next run's own training (resumed, then logging again).
-        resumed = _wait_for(lambda: [e for e in events(paths, "resumed") if e["time"] > sent], 600,
+        resumed = wait_for(lambda: [e for e in events(paths, "resumed") if e["time"] > sent], 600,
                             f"the resume after {kind}")
         since = resumed[0]["time"]
         stops[-1]["resumed_from"] = resumed[0]["from_checkpoint"]
-        stops[-1]["training_again"] = _wait_for(
+        stops[-1]["training_again"] = wait_for(
             lambda: next((m["time"] for m in _metrics_after(paths, since)), None), 600, "a step")
     return stops
 
@@ -133,7 +118,7 @@ def _stop_three_ways(job_id: str, paths: RunPaths) -> list[dict]:
 def _freeze_one_rank(job_id: str, paths: RunPaths) -> dict:
     """At step 24: try a second writer (resume), then SIGSTOP rank 1 and ask status and
     diagnose while it is frozen. Nobody continues it: the watchdog must end it."""
-    _wait_for(lambda: logged_step(paths) >= 24, 600, "step 24")
+    wait_for(lambda: logged_step(paths) >= 24, 600, "step 24")
     seen = {"resume": cli("resume", str(paths.root)),
             "queued": subprocess.run(["squeue", "-h", "-n", "frozen-once", "-o", "%i"], capture_output=True,
                                      text=True, timeout=20).stdout.split()}
@@ -147,21 +132,21 @@ def _freeze_one_rank(job_id: str, paths: RunPaths) -> dict:
         health = run.get("health") or {}
         return (not health.get("ok", True) and 1 in health.get("stalled_ranks", [])
                 and seen["beat"]["host"] in health.get("message", "")) and health
-    seen["health"] = _wait_for(named_by_status, 35, "status to name the frozen rank")
+    seen["health"] = wait_for(named_by_status, 35, "status to name the frozen rank")
     seen["diagnosis"] = cli("diagnose", str(paths.root)).stdout
     seen["before_the_watchdog"] = _queue_state(job_id) == "RUNNING" and not events(paths, "ranks_stalled")
-    seen["requeued"] = _wait_for(lambda: events(paths, "requeued"), 120, "the requeue")[0]
+    seen["requeued"] = wait_for(lambda: events(paths, "requeued"), 120, "the requeue")[0]
     return seen
 
 
 def _usr2_at_step_8(job_id: str, paths: RunPaths) -> float:
-    _wait_for(lambda: logged_step(paths) >= 8, 600, "step 8")
+    wait_for(lambda: logged_step(paths) >= 8, 600, "step 8")
     subprocess.run(["scancel", "--batch", "--signal=USR2", job_id], check=True, timeout=30)
     return time.time()
 
 
 def _cancel_at_step_6(job_id: str, paths: RunPaths) -> float:
-    _wait_for(lambda: logged_step(paths) >= 6, 600, "step 6")
+    wait_for(lambda: logged_step(paths) >= 6, 600, "step 6")
     subprocess.run(["scancel", job_id], check=True, timeout=30)
     return time.time()
 

@@ -20,7 +20,8 @@ from dataclasses import dataclass
 import pytest
 
 from hpc_train.rundir import RunPaths, read_jsonl
-from tests.runs import assert_trained, cli, describe_failure, events, heartbeat_step, submit
+from tests.runs import (assert_trained, cli, describe_failure, events, heartbeat_step, logged_step,
+                        submit, wait_for)
 
 pytestmark = [pytest.mark.multinode, pytest.mark.slurm, pytest.mark.mpi, pytest.mark.slow]
 
@@ -31,8 +32,13 @@ SMOKE = "jobs/smoke.yaml"
 PIPELINE = "jobs/transformer_pipeline_cpu.yaml"
 
 # name -> (spec, overrides, actor or None)
+# Two of the four smoke jobs name the cluster's network by its subnet: every layer must use it.
+SUBNET = "10.231.7.0/24"
+ON_SUBNET = {"mpirun-ddp", "srun-horovod"}
 PLAN: dict[str, tuple] = {
-    **{f"{method}-{backend}": (SMOKE, [f"launch.method={method}", f"parallel.backend={backend}"], None)
+    **{f"{method}-{backend}": (SMOKE, [f"launch.method={method}", f"parallel.backend={backend}",
+                                       *([f"launch.network_interface={SUBNET}"]
+                                         if f"{method}-{backend}" in ON_SUBNET else [])], None)
        for method in ("mpirun", "srun") for backend in ("horovod", "ddp")},
     "pipeline": (PIPELINE, ["parallel.pipeline.stages=2", "optim.max_steps=24", "log.every_steps=4"],
                  None),
@@ -52,35 +58,22 @@ class Job:
     acted: Future | None = None
 
 
-def _wait_for(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if value := predicate():
-            return value
-        time.sleep(0.3)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
 def _stop_twice(cluster, job_id: str, paths: RunPaths) -> list[dict]:
     """USR2 to the batch shell at step 10, then `scontrol requeue` at step 30 of the next run."""
     stops, since = [], 0.0
     for kind, at_step in (("USR2", 10), ("scontrol requeue", 30)):
-        _wait_for(lambda: _logged_step(paths, since) >= at_step, 600, f"step {at_step}")
+        wait_for(lambda: logged_step(paths, since) >= at_step, 600, f"step {at_step}")
         command = {"USR2": ["scancel", "--batch", "--signal=USR2", job_id],
                    "scontrol requeue": ["scontrol", "requeue", job_id]}[kind]
         sent = time.time()
         subprocess.run(command, check=True, timeout=30, env=cluster.env)
-        resumed = _wait_for(lambda: [e for e in events(paths, "resumed") if e["time"] > sent], 600,
+        resumed = wait_for(lambda: [e for e in events(paths, "resumed") if e["time"] > sent], 600,
                             f"the resume after {kind}")[0]
         stops.append({"kind": kind, "sent": sent, "resumed_from": resumed["from_checkpoint"]})
         since = resumed["time"]
     return stops
-
-
-def _logged_step(paths: RunPaths, since: float) -> int:
-    steps = [m["step"] for m in read_jsonl(paths.metrics)
-             if m.get("split") is None and m.get("time", 0) >= since]
-    return steps[-1] if steps else -1
 
 
 @pytest.fixture(scope="module")
@@ -120,6 +113,13 @@ def test_smoke_job_trains_across_two_nodes(method, backend, jobs, slurm_nodes):
     started = events(job.paths, "started")[0]
     assert started["hosts"] == slurm_nodes.nodes[:2]
     assert started["argv"][0].endswith(method)
+    if f"{method}-{backend}" in ON_SUBNET:
+        # Each rank found its own interface on the subnet (eth0 in each node's namespace), and
+        # MPI was told the subnet: on mpirun's command line, or in srun's environment.
+        for rank in (0, 1):
+            assert f"network {SUBNET}: interface eth0" in job.paths.rank_log(rank).read_text()
+        if method == "mpirun":
+            assert started["argv"][started["argv"].index("btl_tcp_if_include") + 1] == SUBNET
 
 
 def test_smoke_weights_do_not_depend_on_the_launcher(jobs, slurm_nodes):
