@@ -2,12 +2,14 @@
 # One-command environment for hpc_train. Idempotent: every step checks before it acts, so a
 # second run finishes in well under a minute.
 #
-#   bash env/setup.sh [--no-system] [--no-horovod]
+#   bash env/setup.sh [--no-system] [--no-horovod] [--no-slurm]
 #
 # 1. System packages (root on Debian: installed with apt-get; otherwise: listed, with how to get them)
 # 2. .venv with torch (CPU build without a GPU), then this project with its test extras
 # 3. Horovod 0.28.1 built against that torch (cached wheel; see env/install-horovod.sh)
 # 4. Demo data (real JPEGs -> HDF5 shards under data/) for jobs/smoke.yaml
+# 5. As root, where no Slurm answers: the project's single-node Slurm, left running
+#    (env/slurm/start.sh; stop it with env/slurm/stop.sh), so `submit jobs/smoke.yaml` works next
 #
 # Env: PYTHON (interpreter for the venv, default python3), HPC_TRAIN_TORCH (default torch==2.13.0),
 #      HPC_TRAIN_TORCH_INDEX_URL (a pip index for a specific torch build, e.g. a CPU-only index).
@@ -19,11 +21,13 @@ venv="$root/.venv"
 py="$venv/bin/python"
 system=1
 horovod=1
+slurm=1
 for arg in "$@"; do
     case "$arg" in
         --no-system) system=0 ;;
         --no-horovod) horovod=0 ;;
-        -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
+        --no-slurm) slurm=0 ;;
+        -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
         *) echo "unknown option: $arg (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -125,6 +129,24 @@ else
         --classes "$shards/train/manifest.json" --out "$shards" --shard-size 500 >/dev/null
 fi
 
+# ---------------------------------------------------------------- 5. a Slurm to submit to
+# Only where this script may own one: as root, with Slurm's daemons installed, no controller
+# answering, and /etc/slurm/slurm.conf absent or ours. A site's Slurm is never touched.
+etc_conf=/etc/slurm/slurm.conf
+if [ "$slurm" -eq 0 ]; then
+    say "slurm: skipped (--no-slurm)"
+elif timeout 10 sinfo -h >/dev/null 2>&1; then
+    say "slurm: a controller answers (sinfo); nothing to start"
+elif [ "$(id -u)" -ne 0 ] || ! PATH="$PATH:/usr/sbin" command -v slurmctld >/dev/null; then
+    say "slurm: no controller answers; on a login node ask your site, or run jobs here with --local"
+elif [ -e "$etc_conf" ] && ! grep -qs "managed by hpc_train env/slurm/start.sh" "$etc_conf"; then
+    say "slurm: $etc_conf is a site file and its controller does not answer; not starting our own"
+else
+    say "slurm: starting the project's single-node Slurm (env/slurm/start.sh)"
+    bash "$root/env/slurm/start.sh" | sed 's/^/  /'
+    say "slurm: left running; stop it with: bash env/slurm/stop.sh"
+fi
+
 say "done in $((SECONDS - t0)) s. Next:"
-say "  bash env/slurm/start.sh                 # single-node Slurm (root; skip on a real cluster)"
-say "  .venv/bin/python -m hpc_train doctor     # everything OK?"
+say "  .venv/bin/python -m hpc_train submit jobs/smoke.yaml   # the main job, on that Slurm"
+say "  .venv/bin/python -m hpc_train doctor                   # everything OK?"

@@ -13,6 +13,12 @@ class SpecError(HpcTrainError):
     exit_code = 2
 
 
+class SlurmUnavailable(HpcTrainError):
+    """sbatch exists but no controller answers: nothing is created or submitted."""
+
+    exit_code = 2
+
+
 class SubmitError(HpcTrainError):
     exit_code = 3
 

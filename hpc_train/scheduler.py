@@ -7,6 +7,7 @@ the base layer with nothing of ours above it.
 
 from __future__ import annotations
 
+import os
 import re
 import time
 from dataclasses import dataclass
@@ -48,6 +49,22 @@ def parse_show_job(text: str) -> JobRecord | None:
     except ValueError:
         restarts = 0
     return JobRecord(fields["JobState"], restarts, fields.get("Reason", ""))
+
+
+def controller_problem(environ=None, timeout: float = 15) -> str | None:
+    """None when Slurm's controller answers `scontrol ping`; else why not, in one line: a
+    stopped slurmctld, no configuration at all (Slurm then tries DNS SRV records), or a
+    SLURM_CONF that names no file (which Slurm's clients would retry for a minute)."""
+    environ = os.environ if environ is None else environ
+    conf = environ.get("SLURM_CONF")
+    if conf and not os.path.isfile(conf):
+        return f"SLURM_CONF={conf} is not a file"
+    out = _proc.run(["scontrol", "ping"], timeout=timeout)
+    if out.ok and " is UP" in out.stdout:
+        return None
+    lines = [line.strip() for line in (out.stdout + out.stderr).splitlines()
+             if line.strip() and not line.startswith("*")]
+    return lines[0] if lines else f"scontrol ping exited {out.returncode}"
 
 
 def show_job(job_id: str, timeout: float = 20) -> JobRecord | None:

@@ -40,9 +40,9 @@ def sbatch_options(spec: JobSpec, output: str) -> dict[str, str | bool]:
     }
     if s.gpus_per_node:
         options["gpus-per-node"] = str(s.gpus_per_node)
-    for name in ("partition", "account", "qos", "constraint", "mem"):
+    for name in ("partition", "account", "qos", "constraint", "mem", "mail_type", "mail_user"):
         if (value := getattr(s, name)) is not None:
-            options[name] = value
+            options[name.replace("_", "-")] = value
     for name, value in s.extra.items():
         options[name] = value if value != "" else True
     return options

@@ -13,8 +13,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from hpc_train import events
-from hpc_train.errors import SpecError, SubmitError
+from hpc_train import events, scheduler
+from hpc_train.errors import SlurmUnavailable, SpecError, SubmitError
 from hpc_train.rundir import RunPaths
 from hpc_train.slurm.script import ScriptParts, script_parts, setup_lines
 from hpc_train.slurm.submitit_private import script_text, submit_command
@@ -87,6 +87,11 @@ def submit(spec: JobSpec, python: str = sys.executable, use_slurm: bool | None =
         raise SpecError("launch.method: 'srun' is not allowed without Slurm (submitit's local "
                         "executor): srun starts ranks inside a Slurm allocation only. Fix: "
                         "--set launch.method=mpirun to run here, or submit to Slurm")
+    if use_slurm and (problem := scheduler.controller_problem()) is not None:
+        raise SlurmUnavailable(
+            f"Slurm's controller does not answer ({problem}); nothing was submitted. Fix: start "
+            "the project's single-node Slurm with `bash env/slurm/start.sh` (root), or run the "
+            "job on this machine with --local")
     if paths is None:
         paths = RunPaths.new(spec.run.root, spec.run.name)
         paths.spec.write_text(dump_spec_yaml(spec))

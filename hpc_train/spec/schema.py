@@ -69,6 +69,11 @@ class SlurmSpec:
                                     example="normal")
     constraint: Optional[str] = spec_field(None, doc="node features, e.g. a100&ib",
                                            check=values.check_slurm_name, example="a100")
+    mail_type: Optional[str] = spec_field(
+        None, doc="when Slurm mails: a comma list of BEGIN, END, FAIL, REQUEUE, TIME_LIMIT, ... "
+        "(sbatch --mail-type)", check=values.check_mail_type, example="END,FAIL")
+    mail_user: Optional[str] = spec_field(None, doc="who Slurm mails (sbatch --mail-user)",
+                                          check=values.check_mail_user, example="me@example.org")
     # Slurm delivers the signal with up to a minute of slack; 65535 is Slurm's own maximum.
     signal_seconds: int = spec_field(120, doc="seconds before the limit that USR2 is sent",
                                      ge=1, le=65535)

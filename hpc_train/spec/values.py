@@ -147,6 +147,26 @@ def check_interface(text: str):
             "use the name `ip -brief address` shows on the compute nodes, e.g. ib0")
 
 
+MAIL_TYPES = ("NONE", "BEGIN", "END", "FAIL", "REQUEUE", "ALL", "INVALID_DEPEND", "STAGE_OUT",
+              "TIME_LIMIT", "TIME_LIMIT_90", "TIME_LIMIT_80", "TIME_LIMIT_50", "ARRAY_TASKS")
+MAIL_USER = re.compile(r"[A-Za-z0-9._%+-]+(@[A-Za-z0-9.-]+)?")
+
+
+def check_mail_type(text: str):
+    unknown = [t for t in text.split(",") if t not in MAIL_TYPES]
+    if not unknown:
+        return None
+    return (f"{', '.join(repr(t) for t in unknown)} is not a Slurm mail type ({', '.join(MAIL_TYPES)})",
+            "write e.g. slurm.mail_type: END,FAIL")
+
+
+def check_mail_user(text: str):
+    if MAIL_USER.fullmatch(text):
+        return None
+    return ("a mail address (or a user name) without spaces, quotes or shell characters",
+            "write e.g. slurm.mail_user: me@example.org")
+
+
 def check_increasing(values: list):
     bad = [v for v in values if v < 1]
     if bad:

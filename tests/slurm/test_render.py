@@ -120,6 +120,12 @@ def test_options_one_driver_pattern_and_extras():
     assert options["gpus-per-node"] == "2" and options["time"] == "10"
 
 
+def test_mail_settings_reach_both_forms_of_the_script():
+    spec = smoke("slurm.mail_type=END,FAIL", "slurm.mail_user=me@example.org")
+    for text in (render_script(spec, RunPaths(ODD_RUN_DIR), PYTHON), planned_script(spec, ODD_RUN_DIR, PYTHON)):
+        assert "#SBATCH --mail-type=END,FAIL" in text and "#SBATCH --mail-user=me@example.org" in text
+
+
 def test_site_template_placeholders_and_bash_braces():
     template = ("#!/bin/bash\n{sbatch_directives}\n{setup}\nf() { :; }\necho ${HOME} ${job_name} {a,b} "
                 "{job_name}\nawk '{ print }' /dev/null\n{driver_command}\n")

@@ -13,13 +13,15 @@ from hpc_train.rundir import RunPaths
 from tests.runs import BAD_SPECS, cli, path_without
 
 SPY = '#!/bin/sh\necho "$@" >> "$(dirname "$0")/../sbatch-called"\necho "Submitted batch job 999"\n'
+CONTROLLER_UP = '#!/bin/sh\necho "Slurmctld(primary) at spy is UP"\n'
 
 
 @pytest.fixture(scope="module")
 def spy_env(tmp_path_factory):
     """PATH whose `sbatch` only records that it was called."""
     root = tmp_path_factory.mktemp("spy")
-    return root, {**os.environ, "PATH": path_without(root / "bin", replacements={"sbatch": SPY, "srun": "#!/bin/sh\n"})}
+    stubs = {"sbatch": SPY, "srun": "#!/bin/sh\n", "scontrol": CONTROLLER_UP}
+    return root, {**os.environ, "PATH": path_without(root / "bin", replacements=stubs)}
 
 
 @pytest.mark.parametrize("bad_spec", BAD_SPECS, ids=lambda p: p.stem)
@@ -47,3 +49,19 @@ def test_spy_records_a_valid_submission(spy_env, tmp_path):
     assert "job id:  999" in out.stdout and RunPaths(run_dir).sbatch.read_text() == submitted
     [driver] = [line for line in submitted.splitlines() if line.startswith("exec ")]
     assert shlex.split(driver) == ["exec", sys.executable, "-m", "hpc_train.job.driver", str(run_dir)]
+
+
+@pytest.mark.parametrize("conf", ["dead", "missing"])
+def test_a_controller_that_does_not_answer_is_one_line_with_both_fixes(conf, tmp_path):
+    """sbatch installed, Slurm not started (or SLURM_CONF wrong): the real scontrol asks."""
+    root = tmp_path / "spy"
+    env = {**os.environ, "PATH": path_without(root / "bin", replacements={"sbatch": SPY})}
+    dead = tmp_path / "slurm.conf"
+    # A controller on a port where nothing listens.
+    dead.write_text("ClusterName=nowhere\nSlurmctldHost=nowhere(127.0.0.1)\nSlurmctldPort=9\n")
+    env["SLURM_CONF"] = str(dead if conf == "dead" else tmp_path / "no-such.conf")
+    out = cli("submit", "jobs/smoke.yaml", "--set", f"run.root={tmp_path}/runs", env=env, timeout=60)
+    assert out.returncode == 2, out.stdout + out.stderr
+    [line] = out.stderr.splitlines()
+    assert "controller does not answer" in line and "env/slurm/start.sh" in line and "--local" in line
+    assert not (root / "sbatch-called").exists() and not (tmp_path / "runs").exists()
