@@ -51,6 +51,10 @@ class RunPaths:
         return self.root / "metrics.jsonl"
 
     @property
+    def tensorboard(self) -> Path:
+        return self.root / "tensorboard"
+
+    @property
     def logs(self) -> Path:
         return self.root / "logs"
 

@@ -221,6 +221,8 @@ class CheckpointSpec:
 @dataclass(frozen=True)
 class LogSpec:
     every_steps: int = spec_field(20, doc="log metrics every N optimizer steps", ge=1)
+    tensorboard: bool = spec_field(True, doc="also write the metrics as TensorBoard event files "
+                                   "under the run directory's tensorboard/ (rank 0)")
 
 
 def scale_lr(base_lr: float, samples_per_step: int, *, reference_batch: int = 256) -> float:

@@ -20,7 +20,7 @@ from hpc_train.runtime.faults import FaultInjector
 from hpc_train.runtime.heartbeat import NoHeartbeat
 from hpc_train.launch.identity import RankInfo
 from hpc_train.runtime.stop import StopFlag
-from hpc_train.spec import spec_to_dict
+from hpc_train.spec import dump_spec_yaml, spec_to_dict
 from hpc_train.train.state import (CheckpointedState, ModelBuffers, ModelWeights, Progress,
                                    RngStreams, SamplerPosition)
 from hpc_train.train.checkpointing import Checkpointing
@@ -30,6 +30,7 @@ from hpc_train.train.optim import build_optimizer
 from hpc_train.train.precision import Precision
 from hpc_train.train.schedule import LrSchedule
 from hpc_train.train.step import optimizer_step
+from hpc_train.train.tensorboard_log import TensorBoardLog
 
 log = logging.getLogger("hpc_train.trainer")
 
@@ -149,6 +150,7 @@ class Trainer:
             gamma=spec.optim.step_gamma)
         self.progress = Progress()
         self.states = self._checkpointed()
+        self.tensorboard: TensorBoardLog | None = None
 
     def _checkpointed(self) -> CheckpointedState:
         """The parts' components plus the loop's own: what a checkpoint saves, by name and file."""
@@ -174,6 +176,7 @@ class Trainer:
         checkpoints = Checkpointing(self, self.stop)
         self.heartbeat.progress(phase="resuming")
         resumed = checkpoints.resume()
+        self._open_tensorboard()
         if self.identity.is_main and not resumed:
             # The event's field keeps its name `global_batch`: run directories are a file format.
             events.try_record(self.paths, events.training_started(
@@ -188,6 +191,17 @@ class Trainer:
             self.identity.rank, self.step, parameters_digest(self.model), **self.parts.identity_fields()))
         self.backend.shutdown()
 
+    def _open_tensorboard(self) -> None:
+        """Rank 0's event files, continuing at this run's first step (see tensorboard_log)."""
+        if self.identity.is_main and self.spec.log.tensorboard:
+            self.tensorboard = TensorBoardLog(self.paths.tensorboard, self.step + 1 if self.step else 0,
+                                              self.spec_dict, dump_spec_yaml(self.spec))
+
+    def _write_metrics(self, record: dict) -> None:
+        append_jsonl(self.paths.metrics, record)
+        if self.tensorboard is not None:
+            self.tensorboard.write(record)
+
     def close(self) -> None:
         """Stop the data workers now, on every way out of a rank.
 
@@ -199,6 +213,8 @@ class Trainer:
             if iterator is not None and hasattr(iterator, "_shutdown_workers"):
                 iterator._shutdown_workers()
                 loader._iterator = None
+        if self.tensorboard is not None:
+            self.tensorboard.close()
 
     def consumed_in_epoch(self, steps_in_epoch: int) -> int:
         """Global samples of the epoch's order trained by `steps_in_epoch` optimizer steps."""
@@ -257,7 +273,7 @@ class Trainer:
             "step_time": elapsed / window.steps, "data_time": window.data_seconds / window.steps,
             "loss_scale": self.precision.loss_scale, "skipped_steps": window.skipped,
         }
-        append_jsonl(self.paths.metrics, record)
+        self._write_metrics(record)
         log.info("step %d/%d epoch %d loss %.4f lr %.4g %s", self.step, self.total_steps, epoch,
                  record["loss"], lr, " ".join(f"{v:.0f} {k.removesuffix('_per_s')}/s"
                                               for k, v in rates.items()))
@@ -275,6 +291,6 @@ class Trainer:
             record = {"time": time.time(), "step": self.step, "epoch": epoch, "split": "val",
                       "loss": totals[0].item() / totals[2].item(),
                       "accuracy": totals[1].item() / totals[2].item()}
-            append_jsonl(self.paths.metrics, record)
+            self._write_metrics(record)
             log.info("eval epoch %d loss %.4f %s %.3f", epoch, record["loss"], accuracy_name,
                      record["accuracy"])
