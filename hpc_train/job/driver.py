@@ -27,6 +27,7 @@ from hpc_train.job.requeue import Decision, decide, ending_status, requeue_path
 from hpc_train.job.supervise import StopForwarder, Watch, supervise
 from hpc_train.launch.allocation import Allocation, allocation_from_slurm, local_allocation
 from hpc_train.launch.argv import LaunchPlan, inherited, launch_argv, launcher_env
+from hpc_train.launch.identity import LAUNCH_ID_ENV
 from hpc_train.launch.network import NETWORK_ENV, address_for
 from hpc_train.rundir import RunPaths
 from hpc_train.runtime.netif import ipv4_addresses
@@ -123,6 +124,9 @@ def launch_plan(spec: JobSpec, paths: RunPaths, allocation: Allocation, environ,
                                       ipv4_addresses()),
         "MASTER_PORT": str(rendezvous_port(environ.get("SLURM_JOB_ID"))),
         STALL_ENV: f"{launch.stall_seconds:g}",
+        # One value per start of the ranks: a node's ranks recognise this start's staging.
+        LAUNCH_ID_ENV: f"{environ.get('SLURM_JOB_ID', 'local')}-"
+                       f"{environ.get('SLURM_RESTART_COUNT', '0')}-{os.getpid()}-{time.time():.0f}",
         **launch.env,
     }
     if launch.network_interface:

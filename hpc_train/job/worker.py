@@ -90,14 +90,17 @@ def main(argv: list[str] | None = None) -> int:
     trainer = None
     try:
         # Heavy imports after the redirect: an import error lands in this rank's log too.
+        from hpc_train.job.staging import stage_data
         from hpc_train.spec import load_spec
         from hpc_train.train.checkpointing import StopForRequeue
         from hpc_train.train.pipeline_trainer import make_trainer
 
         heartbeat.progress(phase="network")
         join_network(os.environ, identity.rank)
+        spec = load_spec(paths.spec)
+        data_root = stage_data(spec, paths, identity, heartbeat)
         heartbeat.progress(phase="building")
-        trainer = make_trainer(load_spec(paths.spec), paths, identity, stop, heartbeat)
+        trainer = make_trainer(spec, paths, identity, stop, heartbeat, data_root=data_root)
         try:
             trainer.fit()
         except StopForRequeue as stop_reason:

@@ -27,6 +27,7 @@ _LAUNCHERS = (
     ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"),          # torchrun
 )
 LAUNCHER_ENV = "HPC_TRAIN_LAUNCHER"  # set by the driver: mpirun | srun
+LAUNCH_ID_ENV = "HPC_TRAIN_LAUNCH_ID"  # set by the driver: one value per start of the ranks
 
 
 @dataclass(frozen=True)

@@ -130,6 +130,22 @@ def path_unused(spec: JobSpec) -> list[Problem]:
     return []
 
 
+def stage_to_unused(spec: JobSpec) -> list[Problem]:
+    if spec.data.stage_to is not None and spec.data.kind in ("synthetic", "text"):
+        return [_warn("data.stage_to", f"{spec.data.stage_to!r} with data.kind {spec.data.kind!r}",
+                      "generated data has no shards to stage", "remove data.stage_to")]
+    return []
+
+
+def stage_to_on_the_node(spec: JobSpec) -> list[Problem]:
+    place = spec.data.stage_to
+    if place is not None and not place.startswith(("/", "$")):
+        return [Problem("data.stage_to", repr(place),
+                        "a node-local directory is an absolute path, or starts with a variable "
+                        "the node sets", "write e.g. data.stage_to: $SLURM_TMPDIR or /local/scratch")]
+    return []
+
+
 def one_network_setting(spec: JobSpec) -> list[Problem]:
     """launch.network_interface owns the interface variables of every layer: a second value for
     one of them in launch.env would make two layers use different networks."""
@@ -158,10 +174,12 @@ def pmi_needs_srun(spec: JobSpec) -> list[Problem]:
 
 ERROR_RULES: tuple[Rule, ...] = (hdf5_needs_path, compression_needs_horovod, signal_before_limit,
                                  keep_every_needs_period, one_rank_per_gpu, one_network_setting,
+                                 stage_to_on_the_node,
                                  *PIPELINE_ERROR_RULES)
 WARNING_RULES: tuple[Rule, ...] = (idle_gpus, small_gpu_batch, fixed_loss_scale_unused,
                                    warmup_shorter_than_training, milestones_within_training,
-                                   path_unused, pmi_needs_srun, *PIPELINE_WARNING_RULES)
+                                   path_unused, pmi_needs_srun, stage_to_unused,
+                                   *PIPELINE_WARNING_RULES)
 
 
 def check_spec(spec: JobSpec) -> tuple[list[Problem], list[Problem]]:

@@ -127,6 +127,11 @@ class DataSpec:
     batch_size: int = spec_field(32, doc="samples per rank per backward pass (per-rank batch); "
                                  "with a pipeline, per replica (all its stages see the same ones)",
                                  ge=1)
+    stage_to: Optional[str] = spec_field(
+        None, doc="copy the shards to this node-local directory before training and read them "
+        "there (one copy per node, checked against the manifest; kept across requeues on the "
+        "node); $VARIABLES are expanded on the node", check=values.check_path,
+        example="$SLURM_TMPDIR")
     workers: int = spec_field(4, doc="data loader worker processes per rank", ge=0)
     pin_memory: bool = spec_field(True, doc="pin host memory for faster copies to the GPU")
     start_method: Literal["fork", "forkserver", "spawn"] = spec_field(

@@ -9,6 +9,8 @@ global torch RNG, which the checkpoint restores for the model (dropout) alone.
 
 from __future__ import annotations
 
+import dataclasses
+
 import signal
 from pathlib import Path
 
@@ -96,7 +98,11 @@ def _datasets(spec):
     return train, val
 
 
-def build_loaders(spec, rank: int, size: int, pin: bool) -> tuple[DataLoader, DataLoader | None]:
+def build_loaders(spec, rank: int, size: int, pin: bool,
+                  root: Path | None = None) -> tuple[DataLoader, DataLoader | None]:
+    """root: read the shards there instead of data.path (a node-local copy, data/stage.py)."""
+    if root is not None:
+        spec = dataclasses.replace(spec, data=dataclasses.replace(spec.data, path=str(root)))
     train, val = _datasets(spec)
     try:
         sampler = ResumableBlockSampler(len(train), rank, size, spec.data.batch_size, seed=spec.run.seed)

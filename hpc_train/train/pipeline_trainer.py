@@ -137,8 +137,9 @@ class PipelineParts:
         return totals
 
 
-def make_trainer(spec, paths, identity, stop=None, heartbeat=None) -> Trainer:
+def make_trainer(spec, paths, identity, stop=None, heartbeat=None, data_root=None) -> Trainer:
     """gpt runs on the pipeline engine (with one stage it is plain data parallelism, its
-    micro-batches accumulating); the image models on the data-parallel parts."""
+    micro-batches accumulating); the image models on the data-parallel parts. data_root: a
+    node-local copy of the shards to read instead of data.path."""
     parts = PipelineParts if spec.model.name == "gpt" else DataParallelParts
-    return Trainer(spec, paths, identity, stop, heartbeat, parts_factory=parts)
+    return Trainer(spec, paths, identity, stop, heartbeat, parts_factory=parts, data_root=data_root)

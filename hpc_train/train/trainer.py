@@ -122,7 +122,7 @@ class Trainer:
     provide the model, its step, evaluation and their checkpointed components."""
 
     def __init__(self, spec, paths: RunPaths, identity: RankInfo, stop: StopFlag | None = None,
-                 heartbeat=None, parts_factory=DataParallelParts):
+                 heartbeat=None, parts_factory=DataParallelParts, data_root=None):
         self.spec, self.paths, self.identity = spec, paths, identity
         self.spec_dict = spec_to_dict(spec)
         self.stop = stop
@@ -139,7 +139,8 @@ class Trainer:
         # them: it is drawn per sample from (seed, epoch, index) (data/transforms.sample_rng).
         torch.manual_seed(spec.run.seed + identity.rank)
         pin = spec.data.pin_memory and self.device.type == "cuda"
-        self.train_loader, self.val_loader = build_loaders(spec, *self.place.data_part, pin)
+        self.train_loader, self.val_loader = build_loaders(spec, *self.place.data_part, pin,
+                                                           root=data_root)
         self.sampler = self.train_loader.sampler
         # From the sampler, not len(loader): a resumed sampler's length counts only what is left.
         self.steps_per_epoch = self.sampler.batches_per_epoch // spec.parallel.accumulation
