@@ -26,6 +26,10 @@ EOF
 
 # shellcheck source=env/slurm/lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+# shellcheck source=env/slurm/accounting.sh
+source "$(dirname "${BASH_SOURCE[0]}")/accounting.sh"
+# shellcheck source=env/slurm/nodes.sh
+source "$(dirname "${BASH_SOURCE[0]}")/nodes.sh"
 
 WAIT_TIMEOUT=60   # seconds for the whole "node idle + sacct works" phase
 
@@ -118,87 +122,6 @@ start_munged() {
     wait_for "munged to answer" 15 "$lf" munge_works
 }
 
-# One DB password, generated once and kept in the state dir (only root can read it).
-db_password() {
-    if [[ ! -s $DB_PASS_FILE ]]; then
-        (umask 077; od -An -tx1 -N16 /dev/urandom | tr -d ' \n' >"$DB_PASS_FILE")
-    fi
-    chmod 600 -- "$DB_PASS_FILE"
-    cat -- "$DB_PASS_FILE"
-}
-
-db_root() {  # run SQL as MariaDB root over our private socket (unix_socket auth: OS root)
-    mariadb --no-defaults --protocol=socket --socket="$DB_SOCK" -uroot "$@"
-}
-
-db_ping() { db_root -N -e 'SELECT 1'; }
-
-init_db() {
-    say "mariadbd: initialising datadir $DB_DIR"
-    mkdir -p -- "$DB_DIR"
-    # root@localhost authenticates by unix_socket (OS root only): no password to keep around.
-    if ! mariadb-install-db --no-defaults --user=root --datadir="$DB_DIR" \
-            --auth-root-authentication-method=socket --skip-test-db --skip-name-resolve \
-            >>"$LOG/mariadbd.log" 2>&1; then
-        tail -n 30 -- "$LOG/mariadbd.log" | sed 's/^/[slurm]   /'
-        die "mariadb-install-db failed"
-    fi
-}
-
-launch_mariadbd() {
-    rm -f -- "$DB_SOCK" "$(pid_file mariadbd)"
-    # A small buffer pool on purpose: slurmdbd logs "Database settings not recommended values:
-    # innodb_buffer_pool_size" (it wants >= 512M); harmless for a one-node test cluster.
-    # setsid + /dev/null stdio: the daemon must not hold the caller's terminal or pipes
-    # (a pytest subprocess capturing our output would otherwise wait for it forever).
-    setsid mariadbd --no-defaults --user=root --datadir="$DB_DIR" --socket="$DB_SOCK" \
-        --port="$DB_PORT" --bind-address=127.0.0.1 --skip-name-resolve \
-        --pid-file="$(pid_file mariadbd)" --log-error="$LOG/mariadbd.log" \
-        --innodb-buffer-pool-size=128M --innodb-log-file-size=64M --innodb-lock-wait-timeout=900 \
-        </dev/null >>"$LOG/mariadbd.log" 2>&1 &
-    local deadline=$((SECONDS + 30))
-    until db_ping >/dev/null 2>&1; do
-        if ((SECONDS >= deadline)) || ! kill -0 $! 2>/dev/null; then
-            return 1
-        fi
-        sleep 0.5
-    done
-}
-
-start_mariadbd() {
-    local pid pass
-    if pid=$(running mariadbd); then
-        say "mariadbd: already running (ours, PID $pid)"
-    else
-        [[ -d $DB_DIR/mysql ]] || init_db
-        say "mariadbd: starting on 127.0.0.1:$DB_PORT (datadir $DB_DIR)"
-        if ! launch_mariadbd; then
-            # A datadir that no longer starts is not worth debugging here: keep it aside, start
-            # fresh (accounting history is lost, but the cluster comes up).
-            local aside
-            aside=$DB_DIR.broken-$(date +%Y%m%d-%H%M%S)
-            say "mariadbd: failed to start with the existing datadir; moving it to $aside and re-initialising"
-            tail -n 15 -- "$LOG/mariadbd.log" | sed 's/^/[slurm]   /'
-            stop_daemon mariadbd 10 || true
-            mv -- "$DB_DIR" "$aside"
-            init_db
-            launch_mariadbd || { tail -n 30 -- "$LOG/mariadbd.log" | sed 's/^/[slurm]   /'; die "mariadbd failed to start"; }
-        fi
-    fi
-    # slurmdbd connects over TCP to 127.0.0.1, which with skip-name-resolve is host '127.0.0.1'.
-    pass=$(db_password)
-    say "mariadbd: ensuring DB user slurm with rights on slurm_acct_db"
-    db_root <<SQL
-CREATE USER IF NOT EXISTS 'slurm'@'localhost' IDENTIFIED BY '$pass';
-CREATE USER IF NOT EXISTS 'slurm'@'127.0.0.1' IDENTIFIED BY '$pass';
-ALTER USER 'slurm'@'localhost' IDENTIFIED BY '$pass';
-ALTER USER 'slurm'@'127.0.0.1' IDENTIFIED BY '$pass';
-GRANT ALL ON slurm_acct_db.* TO 'slurm'@'localhost';
-GRANT ALL ON slurm_acct_db.* TO 'slurm'@'127.0.0.1';
-FLUSH PRIVILEGES;
-SQL
-}
-
 # The settings both clusters share (single node and multi-node), verified on this machine.
 conf_essentials() {
     cat <<EOF
@@ -267,101 +190,6 @@ EOF
     chmod 644 -- "$CONF"
 }
 
-# The multi-node slurm.conf: the essentials of the single-node one, per-node paths (%n = node
-# name), and the controller on the bridge address, which every namespace reaches.
-write_nodes_conf() {
-    local mem_mb i nodelines=""
-    # Every slurmd sees the whole machine: share 85% of MemTotal between the nodes.
-    mem_mb=$(awk -v n="$NODES" '/^MemTotal:/ {printf "%d", $2 * 0.85 / 1024 / n}' /proc/meminfo)
-    ((mem_mb >= 2048)) || say "config: WARNING: only ${mem_mb}M per node; jobs asking --mem=2G per node will not run"
-    for ((i = 0; i < NODES; i++)); do
-        nodelines+="NodeName=${NODE_NAMES[i]} NodeAddr=${NODE_ADDRS[i]} CPUs=2 RealMemory=$mem_mb State=UNKNOWN"$'\n'
-    done
-    say "config: writing $CONF (nodes ${NODE_NAMES[*]}, CPUs=2, RealMemory=${mem_mb}M each)"
-    cat >"$CONF.tmp" <<EOF
-$SLURM_MARKER
-# Regenerated on every start: edit env/slurm/start.sh, not this file.
-# Multi-node cluster: one slurmd per network namespace, joined by bridge $BRIDGE ($NET_PREFIX.0/24).
-ClusterName=$CLUSTER_NAME
-# slurmctld runs in the host namespace and must find its own short name here.
-SlurmctldHost=$NODE($CTL_ADDR)
-SlurmUser=root
-SlurmdUser=root
-AuthType=auth/munge
-CredType=cred/munge
-AuthInfo=cred_expire=10
-SlurmctldPort=$SLURMCTLD_PORT
-SlurmdPort=$SLURMD_PORT
-StateSaveLocation=$CTLD_STATE
-SlurmdSpoolDir=$SPOOL/%n
-SlurmctldPidFile=$RUN/slurmctld.pid
-SlurmdPidFile=$RUN/slurmd-%n.pid
-SlurmctldLogFile=$LOG/slurmctld.log
-SlurmdLogFile=$LOG/slurmd-%n.log
-# All nodes share /tmp, and mpi/pmix creates the same /tmp/spmix_appdir_* on each: one TmpFS each.
-TmpFS=$NODE_TMP/%n
-$(conf_essentials)
-${nodelines}PartitionName=debug Nodes=${NODE_PREFIX}[1-$NODES] Default=YES MaxTime=INFINITE State=UP
-EOF
-    mv -f -- "$CONF.tmp" "$CONF"
-    chmod 644 -- "$CONF"
-}
-
-write_dbd_conf() {
-    local pass
-    pass=$(db_password)
-    say "config: writing $DBD_CONF (mode 600)"
-    (umask 077; cat >"$DBD_CONF.tmp" <<EOF
-$SLURM_MARKER
-AuthType=auth/munge
-DbdHost=localhost
-DbdAddr=127.0.0.1
-DbdPort=$SLURMDBD_PORT
-SlurmUser=root
-PidFile=$RUN/slurmdbd.pid
-LogFile=$LOG/slurmdbd.log
-DebugLevel=info
-StorageType=accounting_storage/mysql
-StorageHost=127.0.0.1
-StoragePort=$DB_PORT
-StorageUser=slurm
-StoragePass=$pass
-StorageLoc=slurm_acct_db
-EOF
-    )
-    mv -f -- "$DBD_CONF.tmp" "$DBD_CONF"
-    chown root:root -- "$DBD_CONF"
-    chmod 600 -- "$DBD_CONF"   # slurmdbd refuses a world-readable config holding a password
-}
-
-sacctmgr_works() { timeout 5 sacctmgr -n -P list cluster format=cluster; }
-
-start_slurmdbd() {
-    local pid
-    if pid=$(running slurmdbd); then
-        say "slurmdbd: already running (ours, PID $pid)"
-    else
-        rm -f -- "$(pid_file slurmdbd)"
-        say "slurmdbd: starting (log $LOG/slurmdbd.log)"
-        setsid slurmdbd </dev/null >>"$LOG/slurmdbd.log" 2>&1
-    fi
-    wait_for "slurmdbd to answer sacctmgr" 30 "$LOG/slurmdbd.log" sacctmgr_works
-}
-
-# The cluster must exist in slurmdbd before slurmctld registers, or jobs are not accounted.
-register_cluster() {
-    if ! timeout 5 sacctmgr -n -P list cluster format=cluster | grep -qxF "$CLUSTER_NAME"; then
-        say "accounting: adding cluster $CLUSTER_NAME"
-        timeout 10 sacctmgr -i add cluster "$CLUSTER_NAME" >/dev/null
-    fi
-    # Adding a cluster creates account root and user root's association; make sure of it.
-    if [[ -z $(timeout 5 sacctmgr -n -P list assoc cluster="$CLUSTER_NAME" user=root format=user) ]]; then
-        say "accounting: adding association root/root on $CLUSTER_NAME"
-        timeout 10 sacctmgr -i add user root account=root cluster="$CLUSTER_NAME" >/dev/null
-    fi
-    say "accounting: cluster $CLUSTER_NAME registered"
-}
-
 start_slurmctld() {
     local pid
     if pid=$(running slurmctld); then
@@ -384,80 +212,6 @@ start_slurmd() {
     rm -f -- "$(pid_file slurmd)"
     say "slurmd: starting (log $LOG/slurmd.log)"
     setsid slurmd -f "$CONF" </dev/null >>"$LOG/slurmd.log" 2>&1
-}
-
-# start_node_slurmds: one slurmd per node inside its namespaces (node_exec), detached like the
-# other daemons. LAUNCHED[node] = the second just before its launch (see wait_nodes_ready).
-declare -A LAUNCHED=()
-start_node_slurmds() {
-    local n pid
-    for n in "${NODE_NAMES[@]}"; do
-        if pid=$(running "slurmd-$n"); then
-            say "slurmd $n: already running (ours, PID $pid)"; continue
-        fi
-        rm -f -- "$(pid_file "slurmd-$n")"
-        say "slurmd $n: starting in its namespaces (log $LOG/slurmd-$n.log)"
-        LAUNCHED[$n]=$(date +%s)
-        node_argv "$n"
-        setsid "${NODE_ARGV[@]}" slurmd -f "$CONF" -N "$n" </dev/null >>"$LOG/slurmd-$n.log" 2>&1 \
-            || { tail -n 20 -- "$LOG/slurmd-$n.log" | sed 's/^/[slurm]   /'; die "slurmd $n failed to start"; }
-    done
-}
-
-# node_ready NODE STATE START: idle (or busy) and not drained/down/not responding, and if we just
-# launched its slurmd, registered by THAT slurmd: a restarted slurmctld reports nodes IDLE from its
-# saved state before any slurmd registered, so the state alone proves nothing.
-node_ready() {
-    local n=$1 state=$2 start=$3 t
-    [[ $state =~ ^(IDLE|MIXED|ALLOCATED)(\+(COMPLETING|PLANNED|RESERVED))*$ ]] || return 1
-    [[ -n ${LAUNCHED[$n]:-} ]] || return 0
-    [[ $start == None || -z $start ]] && return 1
-    t=$(date -d "$start" +%s 2>/dev/null) || return 1
-    ((t >= LAUNCHED[$n]))
-}
-
-# Wait for every node to be ready; resume nodes left DOWN/DRAINED by an earlier run.
-wait_nodes_ready() {
-    local deadline n line state start pending f last_resume=-100 out
-    deadline=$((SECONDS + WAIT_TIMEOUT))
-    while :; do
-        out=$(timeout 5 scontrol -o show node 2>/dev/null) || out=""
-        pending=()
-        for n in "${NODE_NAMES[@]}"; do
-            line=$(grep -m1 "^NodeName=$n " <<<"$out") || line=""
-            state=$(sed -n 's/.* State=\([^ ]*\).*/\1/p' <<<"$line")
-            start=$(sed -n 's/.* SlurmdStartTime=\([^ ]*\).*/\1/p' <<<"$line")
-            node_ready "$n" "$state" "$start" || pending+=("$n:${state:-no answer}")
-            if [[ $state == *DRAIN* || $state == DOWN* || $state == *FAIL* ]] && ((SECONDS - last_resume >= 5)); then
-                say "node $n is '$state': resuming it"
-                timeout 5 scontrol update nodename="$n" state=resume >/dev/null 2>&1 || true
-                last_resume=$SECONDS
-            fi
-        done
-        if [[ ${#pending[@]} -eq 0 ]]; then
-            say "nodes ${NODE_NAMES[*]}: idle, registered by their slurmd"
-            return 0
-        fi
-        if ((SECONDS >= deadline)); then
-            say "timed out after ${WAIT_TIMEOUT}s: nodes not ready: ${pending[*]}"
-            for n in "${NODE_NAMES[@]}"; do
-                f=$LOG/slurmd-$n.log
-                say "last lines of $f:"
-                tail -n 12 -- "$f" 2>/dev/null | sed 's/^/[slurm]   /' || true
-            done
-            say "last lines of $LOG/slurmctld.log:"
-            tail -n 20 -- "$LOG/slurmctld.log" 2>/dev/null | sed 's/^/[slurm]   /' || true
-            exit 1
-        fi
-        sleep 0.5
-    done
-}
-
-# mpi/pmix is what multi-node MPI jobs use (srun --mpi=pmix, and mpirun's orted through srun).
-check_pmix() {
-    if ! timeout 10 srun --mpi=list 2>&1 | grep -qw pmix; then
-        say "WARNING: srun --mpi=list shows no pmix plugin; MPI jobs across nodes need it (apt-get install slurm-wlm-basic-plugins libpmix2)"
-    fi
 }
 
 node_state() { timeout 5 sinfo -h -n "$NODE" -o %T 2>/dev/null | head -n 1; }
