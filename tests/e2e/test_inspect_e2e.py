@@ -15,6 +15,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import threading
 import time
@@ -226,8 +227,10 @@ def test_a_rank_that_dies_without_a_traceback_is_named_by_mpiruns_report(runs, k
         assert "in at_step" in result.first_failure.traceback
         assert "native_crash" in [s["id"] for s in result.signatures]
     out = cli("diagnose", str(paths.root))
-    assert out.returncode == 0 and "first failed rank: 1 (it left no traceback" in out.stdout
-    assert status_json(paths.root, "--no-slurm")["diagnosis"]["first_failure"]["rank"] == 1
+    host = socket.gethostname()        # the local driver ran both ranks here
+    assert out.returncode == 0 and f"first failed rank: 1 on {host} (it left no traceback" in out.stdout
+    failure = status_json(paths.root, "--no-slurm")["diagnosis"]["first_failure"]
+    assert (failure["rank"], failure["host"]) == (1, host)
 
 
 @pytest.mark.slurm
