@@ -83,8 +83,8 @@ def main(argv: list[str] | None = None) -> int:
     stop = StopFlag.from_env()
     setup_logging(identity.rank)
     log = logging.getLogger("hpc_train.worker")
-    log.info("rank %d/%d (local %d) pid %d on %s", identity.rank, identity.size,
-             identity.local_rank, os.getpid(), os.uname().nodename)
+    log.info("rank %d/%d (local %d) pid %d on %s, code %s", identity.rank, identity.size,
+             identity.local_rank, os.getpid(), os.uname().nodename, Path(__file__).parents[1])
     heartbeat = Heartbeat(paths.rank_heartbeat(identity.rank), identity.rank,
                           float(os.environ.get(STALL_ENV) or 300)).start()
     trainer = None
