@@ -8,7 +8,7 @@ parsable format is used, not `--json`, whose layout changes between Slurm releas
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 
 from hpc_train import _proc
@@ -57,17 +57,27 @@ def parse_time(text: str) -> float | None:
         return None
 
 
-def parse_memory(text: str, cpus: int = 1, nodes: int = 1, bare: str = "") -> int | None:
-    """Bytes from sacct's sizes: MaxRSS (3301704K), ReqMem (2G; older releases: 2Gn per node,
-    500Mc per CPU, turned into per node with `cpus` over `nodes`). A number without a unit is
-    in `bare` units ("" bytes, "M" for a request, as sbatch --mem reads one)."""
+def parse_memory(text: str, bare: str = "") -> int | None:
+    """Bytes from a sacct size (MaxRSS: 3301704K); a number without a unit is in `bare` units."""
+    match = _MEMORY.fullmatch(text.strip())
+    if not match or match.group(3):
+        return None
+    number, unit, _ = match.groups()
+    return int(float(number) * _UNITS[unit or bare])
+
+
+def parse_req_mem(text: str, cpus: int, nodes: int) -> int | None:
+    """ReqMem as bytes per node. Slurm 21.08+ prints the job's total (2 nodes of --mem=2G: 4G);
+    older releases per node (2Gn) or per CPU (500Mc). A bare number is MB, as --mem reads it."""
     match = _MEMORY.fullmatch(text.strip())
     if not match:
         return None
     number, unit, per = match.groups()
-    value = float(number) * _UNITS[unit or bare]
+    value = float(number) * _UNITS[unit or "M"]
     if per == "c":
         value *= cpus / max(nodes, 1)
+    elif per == "":
+        value /= max(nodes, 1)
     return int(value)
 
 
@@ -93,10 +103,12 @@ def _int(text: str) -> int:
 
 
 def parse(text: str) -> list[Segment]:
-    """sacct -D -P -n -o FIELDS rows -> segments that started, in start order; a step row
-    belongs to the allocation row before it (sacct lists them so)."""
+    """sacct -D -P -n -o FIELDS rows -> the segments that started, in start order. A step row
+    belongs to the latest allocation row of its job above it (sacct lists a segment's steps
+    right after it)."""
     segments: list[Segment] = []
     steps: list[list[Step]] = []
+    latest: dict[str, int] = {}          # job id -> index of its latest segment so far
     for line in text.splitlines():
         cells = line.split("|")
         if len(cells) < len(FIELDS):
@@ -104,20 +116,23 @@ def parse(text: str) -> list[Segment]:
         row = dict(zip(FIELDS, cells))
         job_id, _, step = row["JobID"].partition(".")
         if step:
-            if segments and segments[-1].job_id == job_id and steps[-1] is not None:
-                steps[-1].append(Step(step, parse_memory(row["MaxRSS"]), parse_cpu_time(row["TotalCPU"])))
+            if job_id in latest:
+                steps[latest[job_id]].append(
+                    Step(step, parse_memory(row["MaxRSS"]), parse_cpu_time(row["TotalCPU"])))
             continue
         start = parse_time(row["Start"])
-        if start is None:                       # never started (cancelled while pending)
+        if start is None:                # never started (cancelled while pending): no segment
+            latest.pop(job_id, None)
             continue
         cpus, nodes = _int(row["AllocCPUS"]), _int(row["NNodes"])
         segments.append(Segment(
             job_id=job_id, state=(row["State"].split() or ["UNKNOWN"])[0], start=start,
             end=parse_time(row["End"]), elapsed=float(_int(row["ElapsedRaw"])), cpus=cpus,
             gpus=gpus_of(row["AllocTRES"]), nodes=nodes, node_list=row["NodeList"],
-            req_mem=parse_memory(row["ReqMem"], cpus, nodes, bare="M"), total_cpu=parse_cpu_time(row["TotalCPU"])))
+            req_mem=parse_req_mem(row["ReqMem"], cpus, nodes), total_cpu=parse_cpu_time(row["TotalCPU"])))
         steps.append([])
-    done = [Segment(**{**s.__dict__, "steps": tuple(found)}) for s, found in zip(segments, steps)]
+        latest[job_id] = len(segments) - 1
+    done = [replace(s, steps=tuple(found)) for s, found in zip(segments, steps)]
     return sorted(done, key=lambda s: s.start)
 
 

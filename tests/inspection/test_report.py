@@ -59,14 +59,18 @@ def test_sacct_rows_of_other_shapes():
         "10.batch|RUNNING|2026-01-01T00:00:00|Unknown|3600|4|cpu=4|||00:10.000|1|g1",
         "10.0|RUNNING|2026-01-01T00:00:05|Unknown|3595|8|cpu=8|||01:00:00|2|g[1-2]",
         "11|COMPLETED|2026-01-01T02:00:00|2026-01-01T03:00:00|3600|4|cpu=4,gres/gpu:v100=2,gres/gpu:a100=1|4000||00:01:00|1|h",
+        "12|COMPLETED|2026-01-01T04:00:00|2026-01-01T05:00:00|3600|2|cpu=2,node=2|4G||00:01:00|2|n[1-2]",
+        "13|COMPLETED|2026-01-01T06:00:00|2026-01-01T07:00:00|3600|2|cpu=2,node=2|3Gn||00:01:00|2|n[1-2]",
         "11.0|COMPLETED|2026-01-01T02:00:00|2026-01-01T03:00:00|3600|4|cpu=4||1.5G|00:01:00|1|h",
     ])
-    running, done = sacct.parse(text)                    # job 9 never started: no segment
+    running, done, total, per_node = sacct.parse(text)   # job 9 never started: no segment
     assert running.end is None and running.gpus == 4 and running.node_list == "g[1-2]"
-    assert running.req_mem == 500 * 1024 ** 2 * 8 // 2   # 500 MiB per CPU, 8 CPUs on 2 nodes
+    assert running.req_mem == 500 * 1024 ** 2 * 8 // 2   # 500 MiB per CPU, 8 CPUs on 2 nodes (old form)
     assert running.total_cpu == 86400 + 2 * 3600 + 3 * 60 + 4.5
     assert [s.name for s in running.steps] == ["batch", "0"] and running.steps[1].total_cpu == 3600
     assert done.gpus == 3 and done.req_mem == 4000 * 1024 ** 2 and done.max_rss == int(1.5 * 1024 ** 3)
+    assert total.req_mem == 2 * 1024 ** 3                # 22.05 prints the job's total: 2 nodes of 2G
+    assert per_node.req_mem == 3 * 1024 ** 3             # older releases: per node
     assert sacct.parse("") == [] and sacct.parse_memory("") is None
 
 
