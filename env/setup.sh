@@ -97,14 +97,17 @@ else
     pip install -q "${index[@]}" "$torch_req"
 fi
 
-# Reinstall the project only when its metadata changed (keeps a re-run fast).
+# Reinstall the project only when its metadata changed (keeps a re-run fast). On a GPU machine
+# also the NVML binding (extra `gpu`), with which ranks sample GPU use for `report`.
+extras=test
+if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then extras=test,gpu; fi
 stamp="$venv/.hpc_train-setup-stamp"
-want="$(sha256sum pyproject.toml | cut -d' ' -f1)"
+want="$(sha256sum pyproject.toml | cut -d' ' -f1) $extras"
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && "$py" -c 'import hpc_train, submitit, h5py, mpi4py' 2>/dev/null; then
-    say "project: hpc_train[test] up to date (editable install)"
+    say "project: hpc_train[$extras] up to date (editable install)"
 else
-    say "project: installing hpc_train[test] (editable) and its dependencies"
-    pip install -q -e ".[test]"
+    say "project: installing hpc_train[$extras] (editable) and its dependencies"
+    pip install -q -e ".[$extras]"
     echo "$want" > "$stamp"
 fi
 

@@ -87,14 +87,16 @@ def _submit(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from hpc_train.slurm import submit
+    from hpc_train.slurm.run_code import CODE_NEW, CODE_NONE
 
     spec = _load_for_submission(args)
     if args.dry_run:
         run_dir = Path(spec.run.root).resolve() / f"{spec.run.name}-<timestamp>"
-        print(submit.planned_script(spec, run_dir))
+        print(submit.planned_script(spec, run_dir, snapshot=args.snapshot))
         print("# dry run: nothing was submitted and no run directory was created", file=sys.stderr)
         return 0
-    result = submit.submit(spec, use_slurm=False if args.local else None)
+    result = submit.submit(spec, use_slurm=False if args.local else None,
+                           code=CODE_NEW if args.snapshot else CODE_NONE)
     if result.executor == "local":
         reason = "--local" if args.local else "sbatch is not on PATH"
         print(f"note: {reason}: running the job on this machine with submitit's local executor",
@@ -108,7 +110,7 @@ def _resume(args: argparse.Namespace) -> int:
     from hpc_train.slurm.resume import resume_run
 
     result = resume_run(args.run_dir, args.overrides, args.allow_spec_change,
-                        use_slurm=False if args.local else None)
+                        use_slurm=False if args.local else None, code=args.code)
     print(f"job id:  {result.job_id}")
     print(f"run dir: {result.run_dir} (continues from its latest complete checkpoint)")
     return 0
@@ -119,21 +121,32 @@ def _render(args: argparse.Namespace) -> int:
 
     from hpc_train.rundir import RunPaths
     from hpc_train.slurm.render import load_template, render_script
+    from hpc_train.slurm.run_code import CODE_NEW, CODE_NONE, attach_code, take_snapshot
     from hpc_train.spec import dump_spec_yaml
 
     spec = _load_for_submission(args)
     # Checked before the run directory exists: a bad template leaves nothing behind.
     template = load_template(args.template)
+    mode = CODE_NEW if args.snapshot else CODE_NONE
+    taken = take_snapshot(spec, None, mode)
     # The script needs a run directory holding the resolved spec, like a submitted job.
     paths = RunPaths.new(spec.run.root, spec.run.name)
     paths.spec.write_text(dump_spec_yaml(spec))
-    text = render_script(spec, paths, sys.executable, template)
+    code = attach_code(paths, mode, taken, "render")
+    text = render_script(spec, paths, sys.executable, template, code)
     paths.sbatch.write_text(text)
     output = Path(args.output)
     output.write_text(text)
     output.chmod(0o755)
     print(f"wrote {output} (run dir {paths.root}); submit it with: sbatch {output}")
     return 0
+
+
+def _add_no_snapshot(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--no-snapshot", dest="snapshot", action="store_false",
+                        help="do not copy the package's source for the job: it imports the installed "
+                        "hpc_train at every start (by default it imports a copy taken now, kept "
+                        "under RUN_ROOT/.code/ and linked as RUN_DIR/code)")
 
 
 def _add_spec_arguments(parser: argparse.ArgumentParser) -> None:
@@ -190,6 +203,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="print the sbatch script; submit nothing, create nothing")
     submit.add_argument("--local", action="store_true",
                         help="run on this machine with submitit's local executor")
+    _add_no_snapshot(submit)
     submit.set_defaults(handler=_submit)
 
     resume = commands.add_parser(
@@ -201,6 +215,12 @@ def build_parser() -> argparse.ArgumentParser:
     resume.add_argument("--allow-spec-change", action="store_true",
                         help="accept a spec that differs from the one the checkpoints were made with")
     resume.add_argument("--local", action="store_true", help="run here with submitit's local executor")
+    code = resume.add_mutually_exclusive_group()
+    code.add_argument("--new-snapshot", dest="code", action="store_const", const="new", default="keep",
+                      help="import a copy of the current source from now on (default: the code the "
+                      "run was submitted with, RUN_DIR/code, or the installed package if it has none)")
+    code.add_argument("--no-snapshot", dest="code", action="store_const", const="none",
+                      help="import the installed hpc_train from now on (RUN_DIR/code is removed)")
     resume.set_defaults(handler=_resume)
 
     render = commands.add_parser(
@@ -212,6 +232,7 @@ def build_parser() -> argparse.ArgumentParser:
     render.add_argument("--template", metavar="FILE",
                         help="your site's sbatch template with the placeholders {sbatch_directives}, "
                         "{setup}, {driver_command} (required), {run_dir} and {job_name}")
+    _add_no_snapshot(render)
     render.set_defaults(handler=_render)
 
     # Command groups that live beside their code; these modules import nothing heavy.

@@ -20,6 +20,9 @@ SLURM_OUTPUT = "slurm-%j.out"
 # The names `RunPaths.rank_log` gives, as `logs` and `diagnose` read them back.
 RANK_LOG = re.compile(r"rank-(\d+)\.log")
 HEARTBEAT_GLOB = "rank-*"       # heartbeat/ files, one per rank (see RunPaths.rank_heartbeat)
+# Beside the run directories under the run root: the code snapshots, one folder per content
+# hash (slurm/snapshot.py); a run's `code` link points into it.
+CODE_CACHE = ".code"
 
 
 def _rank_name(rank: int) -> str:
@@ -65,6 +68,33 @@ class RunPaths:
     @property
     def checkpoints(self) -> Path:
         return self.root / "checkpoints"
+
+    @property
+    def environment(self) -> Path:
+        """One JSON line per capture: at submit, render and resume, and at each job start."""
+        return self.root / "environment.jsonl"
+
+    @property
+    def code(self) -> Path:
+        """A link to the run's code snapshot (`<run root>/.code/<sha256>`); absent without one."""
+        return self.root / "code"
+
+    @property
+    def code_cache(self) -> Path:
+        return self.root.parent / CODE_CACHE
+
+    @property
+    def gpu(self) -> Path:
+        """NVML samples, one file per node (runtime/gpu_sampler.py); absent when none were taken."""
+        return self.root / "gpu"
+
+    def gpu_samples(self, host: str) -> Path:
+        return self.gpu / f"{host}.jsonl"
+
+    @property
+    def timeline(self) -> Path:
+        """The `report` command's timeline picture."""
+        return self.root / "timeline.png"
 
     def slurm_output(self, job_id: str = "%j") -> Path:
         """A rendered script's batch output: sbatch's --output pattern, or one job's file

@@ -51,6 +51,24 @@ def submit(spec_file: str, root: Path, *overrides: str, env=None) -> tuple[str, 
     return job_id, RunPaths(Path(run_dir))
 
 
+def run_dirs(root: Path) -> list[Path]:
+    """The run directories under a run root (not its hidden `.code` snapshot cache)."""
+    return sorted(p for p in Path(root).iterdir() if not p.name.startswith("."))
+
+
+def driver_argv(line: str) -> list[str]:
+    """A script's driver line as the words of the Python command it runs: `exec` and, for a run
+    with a code snapshot, `env` and its assignments taken off."""
+    import shlex
+
+    words = shlex.split(line)
+    assert words[0] == "exec", line
+    words = words[1:]
+    if words[0] == "env":
+        words = [w for w in words[1:] if not re.match(r"[A-Z_]+=", w)]
+    return words
+
+
 def events(paths: RunPaths, name: str | None = None) -> list[dict]:
     return [e for e in read_jsonl(paths.events) if name is None or e["event"] == name]
 

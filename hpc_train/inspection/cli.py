@@ -1,4 +1,5 @@
-"""`status`, `logs`, `diagnose` and `plot` (registered by hpc_train/cli.py; light imports only)."""
+"""`status`, `logs`, `diagnose`, `plot` and `report` (registered by hpc_train/cli.py; light
+imports only)."""
 
 from __future__ import annotations
 
@@ -153,6 +154,19 @@ def _plot(args: argparse.Namespace) -> int:
     return 0
 
 
+def _report(args: argparse.Namespace) -> int:
+    from hpc_train.inspection.report import build_report
+    from hpc_train.inspection.report_render import print_report
+
+    paths = RunPaths(find_run(args.run_dir, Path(args.root)))
+    report = build_report(paths, slurm=args.slurm, plot=args.plot)
+    if args.json:
+        print(json.dumps(report.to_json(), indent=1))
+    else:
+        print_report(report)
+    return 0
+
+
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--root", default="runs", metavar="DIR",
                    help="run root where job ids and --all are looked up (default runs/)")
@@ -210,3 +224,19 @@ def register(commands: argparse._SubParsersAction) -> None:
     plot.add_argument("-o", "--output", required=True, metavar="FILE.png")
     _common(plot)
     plot.set_defaults(handler=_plot)
+
+    report = commands.add_parser(
+        "report", help="efficiency of a run across its requeues: hours used, CPU, memory, GPU, lost time",
+        description="Core- and GPU-hours, CPU efficiency and peak memory from sacct (every run "
+                    "segment), GPU utilisation from the ranks' NVML samples, images per GPU-hour "
+                    "(core-hour on CPU jobs), time lost to requeues and checkpoint saves from the "
+                    "run directory; writes RUN_DIR/timeline.png. What cannot be known (no "
+                    "accounting, nothing sampled) is listed, not an error.")
+    report.add_argument("run_dir", metavar="RUN_DIR|JOB_ID")
+    report.add_argument("--json", action="store_true", help="machine-readable output")
+    report.add_argument("--no-slurm", dest="slurm", action="store_false",
+                        help="do not ask sacct; the run directory alone (estimates)")
+    report.add_argument("--no-plot", dest="plot", action="store_false",
+                        help="do not write RUN_DIR/timeline.png")
+    _common(report)
+    report.set_defaults(handler=_report)

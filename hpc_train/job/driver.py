@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import hpc_train
 from hpc_train import events, scheduler
 from hpc_train.errors import LaunchError
 from hpc_train.job.requeue import Decision, decide, ending_status, requeue_path
@@ -30,6 +31,7 @@ from hpc_train.launch.argv import LaunchPlan, inherited, launch_argv, launcher_e
 from hpc_train.launch.identity import LAUNCH_ID_ENV
 from hpc_train.launch.network import NETWORK_ENV, address_for
 from hpc_train.rundir import RunPaths
+from hpc_train.runtime import environment
 from hpc_train.runtime.netif import ipv4_addresses
 from hpc_train.runtime.stop import DEADLINE_ENV, STALL_ENV, STOP_EXIT
 from hpc_train.spec import JobSpec, load_spec
@@ -144,14 +146,18 @@ def launch_plan(spec: JobSpec, paths: RunPaths, allocation: Allocation, environ,
 def run_driver(run_dir: str | Path) -> Decision:
     """Start the ranks, watch them, then finish, fail or requeue the job; returns what it did."""
     paths = RunPaths(Path(run_dir))
-    spec = load_spec(paths.spec)
     environ = dict(os.environ)
+    package = Path(hpc_train.__file__).parent
+    if problem := environment.code_problem(environ, paths.code, package):
+        raise LaunchError(problem)
+    spec = load_spec(paths.spec)
     started = time.time()
     allocation = current_allocation(spec, environ)
     end = planned_end(spec, environ, started)
     deadline = stop_deadline(spec, end)
     plan = launch_plan(spec, paths, allocation, environ, deadline)
     argv = launch_argv(plan)
+    _record_environment(paths, environ, plan, package)
     events.try_record(paths, events.started(list(allocation.host_names), allocation.world_size,
                                             deadline, argv, spec.launch.stall_seconds))
     log.info("starting %d ranks: %s", allocation.world_size, " ".join(argv))
@@ -179,6 +185,15 @@ def run_driver(run_dir: str | Path) -> Decision:
         forwarder.restore()
     log.info("ranks exited %d: %s (%s)", returncode, decision.action, decision.reason)
     return decision
+
+
+def _record_environment(paths: RunPaths, environ, plan: LaunchPlan, package: Path) -> None:
+    """This start's line of environment.jsonl: a failed write is logged, the job goes on."""
+    log.info("code: %s", package)
+    try:
+        environment.record(paths, environment.job_record(environ, plan.rank_env, package))
+    except OSError as exc:
+        log.warning("could not record the environment in %s: %s", paths.environment, exc)
 
 
 @dataclass(frozen=True)

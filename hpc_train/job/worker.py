@@ -20,6 +20,7 @@ from hpc_train.errors import LaunchError
 from hpc_train.launch.identity import rank_from_env
 from hpc_train.launch.network import NETWORK_ENV, rank_interface_env
 from hpc_train.rundir import RunPaths
+from hpc_train.runtime.gpu_sampler import start_sampler
 from hpc_train.runtime.heartbeat import Heartbeat
 from hpc_train.runtime.netif import ipv4_addresses
 from hpc_train.runtime.stop import STALL_ENV, STOP_EXIT, StopFlag
@@ -83,10 +84,12 @@ def main(argv: list[str] | None = None) -> int:
     stop = StopFlag.from_env()
     setup_logging(identity.rank)
     log = logging.getLogger("hpc_train.worker")
-    log.info("rank %d/%d (local %d) pid %d on %s", identity.rank, identity.size,
-             identity.local_rank, os.getpid(), os.uname().nodename)
+    log.info("rank %d/%d (local %d) pid %d on %s, code %s", identity.rank, identity.size,
+             identity.local_rank, os.getpid(), os.uname().nodename, Path(__file__).parents[1])
     heartbeat = Heartbeat(paths.rank_heartbeat(identity.rank), identity.rank,
                           float(os.environ.get(STALL_ENV) or 300)).start()
+    # GPU utilisation for `report`, from the node's first rank (nothing without NVML or a GPU).
+    sampler = start_sampler(paths.gpu_samples(os.uname().nodename), os.environ, identity.local_rank)
     trainer = None
     try:
         # Heavy imports after the redirect: an import error lands in this rank's log too.
@@ -115,6 +118,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if trainer is not None:
             trainer.close()
+        if sampler is not None:
+            sampler.close()
         heartbeat.close()
     log.info("rank %d done", identity.rank)
     return 0

@@ -23,7 +23,9 @@ from hpc_train.launch.identity import LAUNCHER_ENV
 from hpc_train.launch.network import mpirun_interface_args, srun_interface_env
 
 # Variables every rank needs from the driver's environment, whatever the spec exports.
-PASS_THROUGH = ("PATH", "LD_LIBRARY_PATH", "PYTHONPATH", "SLURM_JOB_ID", "SLURM_RESTART_COUNT")
+# PYTHONPATH and PYTHONSAFEPATH: the ranks import the run's code snapshot as the driver does.
+PASS_THROUGH = ("PATH", "LD_LIBRARY_PATH", "PYTHONPATH", "PYTHONSAFEPATH", "SLURM_JOB_ID",
+                "SLURM_RESTART_COUNT")
 
 
 def inherited(environ: Mapping[str, str]) -> tuple[str, ...]:

@@ -102,8 +102,10 @@ def fill_template(template: str, values: dict[str, str]) -> str:
     return _PLACEHOLDER.sub(lambda match: values[match.group(1)], template)
 
 
-def render_script(spec: JobSpec, paths: RunPaths, python: str, template: str = DEFAULT_TEMPLATE) -> str:
-    parts = script_parts(spec, paths, python)
+def render_script(spec: JobSpec, paths: RunPaths, python: str, template: str = DEFAULT_TEMPLATE,
+                  code: Path | None = None) -> str:
+    """code: the run's snapshot link the driver line imports from (None: the installed package)."""
+    parts = script_parts(spec, paths, python, code)
     return fill_template(template, {
         "sbatch_directives": sbatch_directives(parts.options),
         "setup": "\n".join(parts.setup) or ":",

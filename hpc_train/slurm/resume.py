@@ -1,6 +1,12 @@
 """`resume RUN_DIR`: submit a finished, failed or stopped run again; it continues from its latest
 complete checkpoint (the ranks find it), in the same run directory.
 
+It imports the code the run was submitted with (its `code` link, slurm/snapshot.py) unless told
+otherwise: the checkpoints were written by that code, and a fix picked up by accident is as
+much a change of the run as an edit of its spec. `--new-snapshot` takes the current source on
+purpose, `--no-snapshot` runs the installed package; a run submitted without a snapshot keeps
+running the installed package.
+
 One writer per run directory: a run whose job Slurm still holds (pending, running, requeued)
 is refused, since a second job would train into the same checkpoints and logs.
 """
@@ -12,13 +18,14 @@ from pathlib import Path
 from hpc_train import events, scheduler
 from hpc_train.errors import SpecError, SubmitError
 from hpc_train.rundir import RunPaths
+from hpc_train.slurm.run_code import CODE_KEEP
 from hpc_train.slurm.submit import Submission, submit
 from hpc_train.spec import dump_spec_yaml, load_spec, spec_hash, spec_to_dict
 from hpc_train.spec.diff import changed_keys
 
 
 def resume_run(run_dir: str | Path, overrides: list[str], allow_spec_change: bool,
-               use_slurm: bool | None = None) -> Submission:
+               use_slurm: bool | None = None, code: str = CODE_KEEP) -> Submission:
     paths = RunPaths(Path(run_dir).resolve())
     if not paths.spec.is_file():
         raise SpecError(f"{paths.root} is not a run directory: it has no {paths.spec.name}")
@@ -33,7 +40,7 @@ def resume_run(run_dir: str | Path, overrides: list[str], allow_spec_change: boo
         paths.spec.write_text(dump_spec_yaml(spec))
         # The ranks accept a checkpoint of another spec only with this record of consent.
         events.record(paths, events.spec_change_allowed(spec_hash(saved), spec_hash(spec), changed))
-    result = submit(spec, use_slurm=use_slurm, paths=paths)
+    result = submit(spec, use_slurm=use_slurm, paths=paths, code=code)
     events.record(paths, events.resubmitted(result.job_id, result.executor))
     return result
 

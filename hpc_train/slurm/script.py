@@ -56,11 +56,23 @@ def setup_lines(spec: JobSpec) -> list[str]:
     return lines + list(spec.slurm.setup)
 
 
-def driver_command(python: str, run_dir: Path) -> str:
+def code_assignments(code: Path) -> str:
+    """Shell assignments that make a process import the run's code snapshot (slurm/snapshot.py):
+    its folder first on PYTHONPATH (the user's entries kept after it; the ranks inherit the
+    variable), and PYTHONSAFEPATH so that the current directory, which Python otherwise puts
+    first for `-m`, cannot shadow it with a checkout of its own."""
+    return f'PYTHONPATH={shlex.quote(str(code))}"${{PYTHONPATH:+:$PYTHONPATH}}" PYTHONSAFEPATH=1'
+
+
+def driver_command(python: str, run_dir: Path, code: Path | None = None) -> str:
+    """The script's last line. `code`: the run's snapshot link, imported instead of the installed
+    package (after the setup lines, so no module load can put another copy ahead of it)."""
     # `exec`: without it bash stays the batch process, dies on USR2, and orphans Python.
-    return "exec " + shlex.join([python, "-m", "hpc_train.job.driver", str(run_dir)])
+    # `exec env ...`: env replaces itself with Python, which still is the batch process.
+    driver = shlex.join([python, "-m", "hpc_train.job.driver", str(run_dir)])
+    return f"exec env {code_assignments(code)} {driver}" if code else f"exec {driver}"
 
 
-def script_parts(spec: JobSpec, paths: RunPaths, python: str) -> ScriptParts:
+def script_parts(spec: JobSpec, paths: RunPaths, python: str, code: Path | None = None) -> ScriptParts:
     return ScriptParts(sbatch_options(spec, output=str(paths.slurm_output())), setup_lines(spec),
-                       driver_command(python, paths.root))
+                       driver_command(python, paths.root, code))

@@ -16,7 +16,8 @@ from pathlib import Path
 from hpc_train import events, scheduler
 from hpc_train.errors import SlurmUnavailable, SpecError, SubmitError
 from hpc_train.rundir import RunPaths
-from hpc_train.slurm.script import ScriptParts, script_parts, setup_lines
+from hpc_train.slurm.run_code import CODE_NEW, attach_code, take_snapshot
+from hpc_train.slurm.script import ScriptParts, code_assignments, script_parts, setup_lines
 from hpc_train.slurm.submitit_private import script_text, submit_command
 from hpc_train.spec import JobSpec, dump_spec_yaml, spec_hash
 
@@ -51,37 +52,42 @@ def slurm_executor(paths: RunPaths, parts: ScriptParts):
     return executor
 
 
-def local_executor(spec: JobSpec, paths: RunPaths, python: str):
+def local_executor(spec: JobSpec, paths: RunPaths, python: str, code: Path | None = None):
     import submitit
 
-    # No `exec` here: the local controller runs the command without a shell.
+    # No `exec` here: the local controller runs the command without a shell. The snapshot's
+    # variables go last in the setup lines, which the controller and its task inherit.
+    setup = setup_lines(spec) + ([f"export {code_assignments(code)}"] if code else [])
     executor = submitit.LocalExecutor(folder=paths.submitit, python=shlex.quote(python),
                                       max_num_timeout=spec.checkpoint.max_requeues)
     executor.update_parameters(timeout_min=spec.time_minutes, tasks_per_node=1,
-                               signal_delay_s=spec.slurm.signal_seconds, setup=setup_lines(spec))
+                               signal_delay_s=spec.slurm.signal_seconds, setup=setup)
     return executor
 
 
-def planned_script(spec: JobSpec, run_dir: Path, python: str = sys.executable) -> str:
+def planned_script(spec: JobSpec, run_dir: Path, python: str = sys.executable,
+                   snapshot: bool = False) -> str:
     """The exact sbatch script `submit` would hand to Slurm, without creating anything."""
     paths = RunPaths(run_dir)
-    parts = script_parts(spec, paths, python)
+    parts = script_parts(spec, paths, python, paths.code if snapshot else None)
     return script_text(slurm_executor(paths, parts), parts.driver)
 
 
-def _submit_job(spec: JobSpec, paths: RunPaths, python: str, use_slurm: bool):
+def _submit_job(spec: JobSpec, paths: RunPaths, python: str, use_slurm: bool, code: Path | None):
     if use_slurm:
-        parts = script_parts(spec, paths, python)
+        parts = script_parts(spec, paths, python, code)
         return submit_command(slurm_executor(paths, parts), parts.driver)
     from hpc_train.job.driver import Driver
 
-    # Locally submitit runs a pickled callable: there is no batch script to share.
-    return local_executor(spec, paths, python).submit(Driver(paths.root))
+    # Locally submitit runs a pickled callable: there is no batch script to share. The pickle
+    # names the driver's module only; the task process imports it from the snapshot.
+    return local_executor(spec, paths, python, code).submit(Driver(paths.root))
 
 
 def submit(spec: JobSpec, python: str = sys.executable, use_slurm: bool | None = None,
-           paths: RunPaths | None = None) -> Submission:
-    """Submit `spec` as a new run, or again into an existing run directory (`resume`)."""
+           paths: RunPaths | None = None, code: str = CODE_NEW) -> Submission:
+    """Submit `spec` as a new run, or again into an existing run directory (`resume`).
+    code: CODE_NEW, CODE_KEEP or CODE_NONE, what the job imports (slurm/run_code.py)."""
     use_slurm = shutil.which("sbatch") is not None if use_slurm is None else use_slurm
     if not use_slurm and spec.launch.method == "srun":
         raise SpecError("launch.method: 'srun' is not allowed without Slurm (submitit's local "
@@ -92,11 +98,14 @@ def submit(spec: JobSpec, python: str = sys.executable, use_slurm: bool | None =
             f"Slurm's controller does not answer ({problem}); nothing was submitted. Fix: start "
             "the project's single-node Slurm with `bash env/slurm/start.sh` (root), or run the "
             "job on this machine with --local")
+    taken = take_snapshot(spec, paths, code)
+    where = "resume" if paths else "submit"
     if paths is None:
         paths = RunPaths.new(spec.run.root, spec.run.name)
         paths.spec.write_text(dump_spec_yaml(spec))
+    code_link = attach_code(paths, code, taken, where)
     try:
-        job = _submit_job(spec, paths, python, use_slurm)
+        job = _submit_job(spec, paths, python, use_slurm, code_link)
     except Exception as exc:  # submitit raises plain errors for sbatch failures
         events.try_record(paths, events.submit_failed(str(exc)))
         raise SubmitError(f"submission failed: {exc}\n(run directory kept: {paths.root})") from exc

@@ -89,3 +89,7 @@ def test_without_sbatch_submit_runs_locally(tmp_path):
         time.sleep(1)
     assert events(paths, "finished")[-1]["status"] == "completed", describe_failure(paths)
     assert [m["step"] for m in read_jsonl(paths.metrics) if "split" not in m] == [2, 4]
+    # submitit's local task imported the run's code snapshot too (set in its setup lines).
+    submitted, job = read_jsonl(paths.environment)
+    assert (submitted["where"], job["where"]) == ("submit", "job")
+    assert job["code"] == str(paths.code / "hpc_train") and submitted["snapshot"]["files"] > 100

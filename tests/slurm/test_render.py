@@ -19,7 +19,7 @@ from hpc_train.slurm.submit import planned_script
 from hpc_train.slurm.submitit_private import PRIVATE, private_method
 from hpc_train.spec import load_spec
 from tests.conftest import REPO
-from tests.runs import check_golden, cli
+from tests.runs import check_golden, cli, run_dirs
 
 # A path with a space, a dollar and a command substitution: it must reach bash as one word.
 ODD_RUN_DIR = Path("/scratch/my runs/$(touch pwned)/smoke-20260101-000000")
@@ -81,10 +81,14 @@ def test_render_and_dry_run_commands_agree(tmp_path):
     rendered_text, planned_text = script.read_text(), planned.stdout
     expected_setup = [f"source {shlex.quote(str(profile))}", "module load openmpi/4.1"]
     assert section(rendered_text, "# site setup") == section(planned_text, "# setup") == expected_setup
-    # The same driver; only the run directory differs (the dry run names none of its own).
-    [run_dir] = (tmp_path / "runs").iterdir()
-    assert exec_line(rendered_text) == exec_line(planned_text)[:-1] + [str(run_dir)]
-    assert Path(exec_line(planned_text)[-1]) == run_dir.parent / "smoke-<timestamp>"
+    # The same driver and code snapshot; only the run directory differs (the dry run names
+    # none of its own).
+    [run_dir] = run_dirs(tmp_path / "runs")
+    planned_line = exec_line(planned_text)
+    dry_dir = Path(planned_line[-1])
+    assert dry_dir == run_dir.parent / "smoke-<timestamp>"
+    assert exec_line(rendered_text) == [w.replace(str(dry_dir), str(run_dir)) for w in planned_line]
+    assert planned_line[:3] == ["exec", "env", f"PYTHONPATH={dry_dir}/code${{PYTHONPATH:+:$PYTHONPATH}}"]
 
 
 def test_submitit_private_methods_are_those_of_the_installed_release():
@@ -196,7 +200,7 @@ def test_good_site_template_renders(tmp_path, capsys, monkeypatch):
     assert code == 0
     text = (tmp_path / "job.sbatch").read_text()
     assert subprocess.run(["bash", "-n"], input=text, text=True).returncode == 0
-    [run_dir] = (tmp_path / "runs").iterdir()
+    [run_dir] = run_dirs(tmp_path / "runs")
     assert f"cd {run_dir}" in text.splitlines() and RunPaths(run_dir).sbatch.read_text() == text
 
 

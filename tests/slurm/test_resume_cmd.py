@@ -6,6 +6,7 @@ import time
 
 import pytest
 
+from hpc_train.rundir import read_jsonl
 from tests.runs import cli, drive, events, local_run
 
 pytestmark = [pytest.mark.mpi, pytest.mark.horovod, pytest.mark.slow]
@@ -31,9 +32,15 @@ def test_resume_needs_consent_for_changes_then_continues(tmp_path):
     assert "--allow-spec-change" in refused.stderr
     assert paths.spec.read_text() == spec_before and not events(paths, "resubmitted")
 
-    accepted = cli("resume", str(paths.root), "--local", "--set", "optim.epochs=2", "--allow-spec-change")
+    accepted = cli("resume", str(paths.root), "--local", "--set", "optim.epochs=2", "--allow-spec-change",
+                   "--new-snapshot")
     assert accepted.returncode == 0, accepted.stderr
     _wait_finished(paths, 2)
+    # The run had no snapshot (driven here); --new-snapshot gave it one, and the job imported it.
+    first, resumed, job = read_jsonl(paths.environment)
+    assert [e["where"] for e in (first, resumed, job)] == ["job", "resume", "job"]
+    assert first["code"] != str(paths.code / "hpc_train") and resumed["snapshot"]["sha256"]
+    assert job["code"] == str(paths.code / "hpc_train") and paths.code.is_symlink()
     assert events(paths, "finished")[-1]["status"] == "completed"
     resumed = events(paths, "resumed")[-1]
     assert resumed["from_checkpoint"] == 8 and resumed["spec_changed"] == ["optim.epochs"]

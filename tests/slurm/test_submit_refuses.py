@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from hpc_train.rundir import RunPaths
-from tests.runs import BAD_SPECS, cli, path_without
+from tests.runs import BAD_SPECS, cli, driver_argv, path_without, run_dirs
 
 SPY = '#!/bin/sh\necho "$@" >> "$(dirname "$0")/../sbatch-called"\necho "Submitted batch job 999"\n'
 CONTROLLER_UP = '#!/bin/sh\necho "Slurmctld(primary) at spy is UP"\n'
@@ -45,10 +45,13 @@ def test_spy_records_a_valid_submission(spy_env, tmp_path):
     submitted = Path((root / "sbatch-called").read_text().split()[-1]).read_text()
     (root / "sbatch-called").unlink()
     # sbatch got the script kept in the run directory, and it execs our driver on that directory.
-    [run_dir] = (tmp_path / "runs").iterdir()
+    [run_dir] = run_dirs(tmp_path / "runs")
     assert "job id:  999" in out.stdout and RunPaths(run_dir).sbatch.read_text() == submitted
     [driver] = [line for line in submitted.splitlines() if line.startswith("exec ")]
-    assert shlex.split(driver) == ["exec", sys.executable, "-m", "hpc_train.job.driver", str(run_dir)]
+    assert driver_argv(driver) == [sys.executable, "-m", "hpc_train.job.driver", str(run_dir)]
+    # By default the job imports the run's code snapshot, linked in the run directory.
+    assert f"PYTHONPATH={RunPaths(run_dir).code}" in shlex.split(driver)[2]
+    assert (RunPaths(run_dir).code / "hpc_train" / "job" / "driver.py").is_file()
 
 
 @pytest.mark.parametrize("conf", ["dead", "missing"])

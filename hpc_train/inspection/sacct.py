@@ -1,0 +1,151 @@
+"""What Slurm's accounting knows of a run's jobs: one `Segment` per start of a job (sacct -D lists
+every requeued run of a job as its own record), with its steps.
+
+The query is `sacct -D -P -n -o FIELDS -j IDS`; `parse` is pure and takes its text. The
+parsable format is used, not `--json`, whose layout changes between Slurm releases.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, replace
+from datetime import datetime
+
+from hpc_train import _proc
+
+FIELDS = ("JobID", "State", "Start", "End", "ElapsedRaw", "AllocCPUS", "AllocTRES", "ReqMem",
+          "MaxRSS", "TotalCPU", "NNodes", "NodeList")
+_UNITS = {"": 1, "K": 1024, "M": 1024 ** 2, "G": 1024 ** 3, "T": 1024 ** 4, "P": 1024 ** 5}
+_MEMORY = re.compile(r"([\d.]+)([KMGTP]?)([nc]?)")
+_CPU_TIME = re.compile(r"(?:(\d+)-)?(?:(\d+):)?(\d+):(\d+(?:\.\d+)?)")
+_GPUS = re.compile(r"gres/gpu(?::[^=,]+)?=(\d+)")
+
+
+@dataclass(frozen=True)
+class Step:
+    name: str                   # batch, extern, 0, 1, ...
+    max_rss: int | None         # bytes, the largest task's peak (None: not sampled)
+    total_cpu: float | None     # seconds, user + system
+
+
+@dataclass(frozen=True)
+class Segment:
+    job_id: str
+    state: str                  # REQUEUED, COMPLETED, FAILED, RUNNING, ... (first word)
+    start: float                # UNIX time
+    end: float | None           # None while it runs
+    elapsed: float              # seconds
+    cpus: int
+    gpus: int
+    nodes: int
+    node_list: str
+    req_mem: int | None         # bytes per node
+    total_cpu: float | None     # seconds, all steps
+    steps: tuple[Step, ...] = ()
+
+    @property
+    def max_rss(self) -> int | None:
+        found = [s.max_rss for s in self.steps if s.max_rss is not None]
+        return max(found) if found else None
+
+
+def parse_time(text: str) -> float | None:
+    """sacct's local time (2026-11-30T11:10:39) as UNIX time; None for None/Unknown."""
+    try:
+        return datetime.fromisoformat(text.strip()).timestamp()
+    except ValueError:
+        return None
+
+
+def parse_memory(text: str, bare: str = "") -> int | None:
+    """Bytes from a sacct size (MaxRSS: 3301704K); a number without a unit is in `bare` units."""
+    match = _MEMORY.fullmatch(text.strip())
+    if not match or match.group(3):
+        return None
+    number, unit, _ = match.groups()
+    return int(float(number) * _UNITS[unit or bare])
+
+
+def parse_req_mem(text: str, cpus: int, nodes: int) -> int | None:
+    """ReqMem as bytes per node. Slurm 21.08+ prints the job's total (2 nodes of --mem=2G: 4G);
+    older releases per node (2Gn) or per CPU (500Mc). A bare number is MB, as --mem reads it."""
+    match = _MEMORY.fullmatch(text.strip())
+    if not match:
+        return None
+    number, unit, per = match.groups()
+    value = float(number) * _UNITS[unit or "M"]
+    if per == "c":
+        value *= cpus / max(nodes, 1)
+    elif per == "":
+        value /= max(nodes, 1)
+    return int(value)
+
+
+def parse_cpu_time(text: str) -> float | None:
+    """TotalCPU ([D-][HH:]MM:SS[.mmm]) in seconds."""
+    match = _CPU_TIME.fullmatch(text.strip())
+    if not match:
+        return None
+    days, hours, minutes, seconds = match.groups()
+    return int(days or 0) * 86400 + int(hours or 0) * 3600 + int(minutes) * 60 + float(seconds)
+
+
+def gpus_of(tres: str) -> int:
+    """GPUs in an AllocTRES list: the untyped gres/gpu count (typed ones repeat it)."""
+    untyped = re.search(r"gres/gpu=(\d+)", tres)
+    if untyped:
+        return int(untyped.group(1))
+    return sum(int(n) for n in _GPUS.findall(tres))
+
+
+def _int(text: str) -> int:
+    return int(text) if text.strip().isdigit() else 0
+
+
+def parse(text: str) -> list[Segment]:
+    """sacct -D -P -n -o FIELDS rows -> the segments that started, in start order. A step row
+    belongs to the latest allocation row of its job above it (sacct lists a segment's steps
+    right after it)."""
+    segments: list[Segment] = []
+    steps: list[list[Step]] = []
+    latest: dict[str, int] = {}          # job id -> index of its latest segment so far
+    for line in text.splitlines():
+        cells = line.split("|")
+        if len(cells) < len(FIELDS):
+            continue
+        row = dict(zip(FIELDS, cells))
+        job_id, _, step = row["JobID"].partition(".")
+        if step:
+            if job_id in latest:
+                steps[latest[job_id]].append(
+                    Step(step, parse_memory(row["MaxRSS"]), parse_cpu_time(row["TotalCPU"])))
+            continue
+        start = parse_time(row["Start"])
+        if start is None:                # never started (cancelled while pending): no segment
+            latest.pop(job_id, None)
+            continue
+        cpus, nodes = _int(row["AllocCPUS"]), _int(row["NNodes"])
+        segments.append(Segment(
+            job_id=job_id, state=(row["State"].split() or ["UNKNOWN"])[0], start=start,
+            end=parse_time(row["End"]), elapsed=float(_int(row["ElapsedRaw"])), cpus=cpus,
+            gpus=gpus_of(row["AllocTRES"]), nodes=nodes, node_list=row["NodeList"],
+            req_mem=parse_req_mem(row["ReqMem"], cpus, nodes), total_cpu=parse_cpu_time(row["TotalCPU"])))
+        steps.append([])
+        latest[job_id] = len(segments) - 1
+    done = [replace(s, steps=tuple(found)) for s, found in zip(segments, steps)]
+    return sorted(done, key=lambda s: s.start)
+
+
+def query(job_ids: list[str], timeout: float = 20.0) -> tuple[list[Segment], str | None]:
+    """(segments, None), or ([], why there are none) when sacct fails or knows nothing."""
+    if not job_ids:
+        return [], "no Slurm job id in the run's events"
+    out = _proc.run(["sacct", "-D", "-P", "-n", "-o", ",".join(FIELDS), "-j", ",".join(job_ids)],
+                    timeout=timeout)
+    if not out.ok:
+        first = (out.stderr.strip().splitlines() or ["no output"])[0]
+        return [], f"sacct failed ({first})"
+    segments = parse(out.stdout)
+    if not segments:
+        return [], f"sacct has no record of job {', '.join(job_ids)} (accounting off, or purged)"
+    return segments, None

@@ -1,0 +1,215 @@
+"""`report`'s pure parts on recorded data (tests/samples/report: a real smoke run requeued once
+before its first checkpoint), on hand-made sacct rows and event lists, and the command on a run
+directory with a stand-in sacct that fails or answers."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+
+from hpc_train.inspection import efficiency, sacct
+from hpc_train.inspection.report import build_report
+from hpc_train.inspection.report_render import print_report
+from hpc_train.rundir import RunPaths, read_jsonl
+from tests.conftest import REPO
+from tests.runs import cli, path_without
+
+SAMPLES = REPO / "tests" / "samples" / "report"
+SACCT = (SAMPLES / "sacct_requeued.txt").read_text()
+EVENTS = read_jsonl(SAMPLES / "events_requeued.jsonl")
+METRICS = read_jsonl(SAMPLES / "metrics_requeued.jsonl")
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(autouse=True)
+def utc(monkeypatch):
+    """sacct prints local time; the recorded text was made on a UTC machine."""
+    monkeypatch.setenv("TZ", "UTC")
+    time.tzset()
+    yield
+    monkeypatch.undo()
+    time.tzset()
+
+
+def at(text: str) -> float:
+    return datetime.fromisoformat(text).timestamp()
+
+
+def test_recorded_sacct_gives_one_segment_per_start_with_its_steps():
+    first, second = sacct.parse(SACCT)
+    assert (first.state, first.start, first.end, first.elapsed) == (
+        "REQUEUED", at("2026-11-30T11:10:39"), at("2026-11-30T11:11:00"), 21)
+    assert (second.state, second.elapsed, second.cpus, second.gpus, second.nodes) == ("COMPLETED", 85, 2, 0, 1)
+    assert first.req_mem == second.req_mem == 2 * 1024 ** 3
+    assert (first.total_cpu, second.total_cpu) == (0.281, 53.096)
+    assert [s.name for s in second.steps] == ["batch"]
+    assert first.max_rss is None and second.max_rss == 3301704 * 1024   # a 21 s step was not sampled
+
+
+def test_sacct_rows_of_other_shapes():
+    text = "\n".join([
+        "9|CANCELLED by 0|None|2026-01-01T00:00:10|0|0||4G||00:00:00|0|None assigned",
+        "10|RUNNING|2026-01-01T00:00:00|Unknown|3600|8|billing=8,cpu=8,gres/gpu:a100=4,gres/gpu=4,node=2|500Mc||1-02:03:04.5|2|g[1-2]",
+        "10.batch|RUNNING|2026-01-01T00:00:00|Unknown|3600|4|cpu=4|||00:10.000|1|g1",
+        "10.0|RUNNING|2026-01-01T00:00:05|Unknown|3595|8|cpu=8|||01:00:00|2|g[1-2]",
+        "11|COMPLETED|2026-01-01T02:00:00|2026-01-01T03:00:00|3600|4|cpu=4,gres/gpu:v100=2,gres/gpu:a100=1|4000||00:01:00|1|h",
+        "12|COMPLETED|2026-01-01T04:00:00|2026-01-01T05:00:00|3600|2|cpu=2,node=2|4G||00:01:00|2|n[1-2]",
+        "13|COMPLETED|2026-01-01T06:00:00|2026-01-01T07:00:00|3600|2|cpu=2,node=2|3Gn||00:01:00|2|n[1-2]",
+        "11.0|COMPLETED|2026-01-01T02:00:00|2026-01-01T03:00:00|3600|4|cpu=4||1.5G|00:01:00|1|h",
+    ])
+    running, done, total, per_node = sacct.parse(text)   # job 9 never started: no segment
+    assert running.end is None and running.gpus == 4 and running.node_list == "g[1-2]"
+    assert running.req_mem == 500 * 1024 ** 2 * 8 // 2   # 500 MiB per CPU, 8 CPUs on 2 nodes (old form)
+    assert running.total_cpu == 86400 + 2 * 3600 + 3 * 60 + 4.5
+    assert [s.name for s in running.steps] == ["batch", "0"] and running.steps[1].total_cpu == 3600
+    assert done.gpus == 3 and done.req_mem == 4000 * 1024 ** 2 and done.max_rss == int(1.5 * 1024 ** 3)
+    assert total.req_mem == 2 * 1024 ** 3                # 22.05 prints the job's total: 2 nodes of 2G
+    assert per_node.req_mem == 3 * 1024 ** 3             # older releases: per node
+    assert sacct.parse("") == [] and sacct.parse_memory("") is None
+
+
+def test_usage_from_recorded_sacct():
+    usage = efficiency.usage_from_sacct(sacct.parse(SACCT))
+    assert usage.core_hours == pytest.approx(2 * (21 + 85) / 3600)
+    assert usage.gpu_hours == 0 and usage.source == "sacct"
+    assert usage.cpu_efficiency == pytest.approx((0.281 + 53.096) / (2 * 106))
+    assert (usage.peak_rss, usage.req_mem) == (3301704 * 1024, 2 * 1024 ** 3)
+
+
+def test_restart_of_the_recorded_run_lost_its_seven_steps():
+    windows = efficiency.windows_from_sacct(sacct.parse(SACCT))
+    [restart] = efficiency.restarts(windows, EVENTS, METRICS)
+    second_training = [e for e in EVENTS if e["event"] == "training_started"][1]["time"]
+    assert restart.wait == at("2026-11-30T11:11:25") - at("2026-11-30T11:11:00") == 25
+    assert restart.training == second_training and restart.startup == second_training - at("2026-11-30T11:11:25")
+    assert (restart.last_step, restart.resumed_step, restart.redone_steps) == (7, 0, 7)
+    step_times = sorted(m["step_time"] for m in METRICS if m.get("split") is None)
+    assert restart.redone_seconds == pytest.approx(7 * step_times[len(step_times) // 2])
+    assert not restart.resubmitted
+    assert restart.lost == pytest.approx(restart.wait + restart.startup + restart.redone_seconds)
+
+
+def test_windows_from_events_alone():
+    first, second = efficiency.windows_from_events(EVENTS, cpus=2, gpus=0)
+    requeued = next(e for e in EVENTS if e["event"] == "requeued")
+    finished = next(e for e in EVENTS if e["event"] == "finished")
+    assert (first.state, first.end, second.state, second.end) == ("REQUEUED", requeued["time"],
+                                                                  "COMPLETED", finished["time"])
+    usage = efficiency.usage_from_windows([first, second], now=0)
+    assert usage.core_hours == pytest.approx(2 * ((first.end - first.start) + (second.end - second.start)) / 3600)
+    assert usage.cpu_efficiency is None and usage.source == "spec and events"
+
+
+def test_checkpoints_and_work_of_the_recorded_run():
+    assert efficiency.checkpoint_time(EVENTS) == (3, pytest.approx(0.23 + 0.219 + 0.241))
+    assert efficiency.samples_trained(EVENTS, METRICS) == (92, 64)
+
+
+def _event(t, name, **fields):
+    return {"time": t, "event": name, **fields}
+
+
+def test_resume_from_a_checkpoint_and_a_start_that_never_trained():
+    events = [
+        _event(100, "started", job_id="1"), _event(110, "training_started", global_batch=8),
+        _event(150, "checkpoint_saved", step=40, seconds=2.0), _event(160, "requeued", cause="interrupted"),
+        _event(200, "started", job_id="1"), _event(230, "requeued", cause="failure"),      # never trained
+        _event(300, "started", job_id="1"), _event(320, "resumed", step=40),
+        _event(400, "finished", status="failed"),
+        _event(5000, "started", job_id="2"), _event(5010, "resumed", step=60),            # a resume
+        _event(5100, "finished", status="completed"),
+    ]
+    metrics = [{"time": 155, "step": 48, "step_time": 0.5}, {"time": 390, "step": 64, "step_time": 0.5}]
+    windows = efficiency.windows_from_events(events, cpus=4, gpus=1)
+    assert [w.state for w in windows] == ["REQUEUED", "REQUEUED", "FAILED", "COMPLETED"]
+    never, again, resumed = efficiency.restarts(windows, events, metrics)
+    assert (never.resumed_step, never.redone_steps, never.startup) == (None, None, None)
+    assert (again.last_step, again.resumed_step, again.redone_steps, again.redone_seconds) == (48, 40, 8, 4.0)
+    assert again.wait == 70 and again.startup == 20 and again.lost == 70 + 20 + 4.0
+    assert resumed.resubmitted and resumed.wait == 4600 and resumed.lost == 10 + 2.0    # 64 -> 60
+    assert efficiency.usage_from_windows(windows, now=0).gpu_hours == pytest.approx((60 + 30 + 100 + 100) / 3600)
+
+
+def test_gpu_summary_of_samples():
+    samples = [{"host": "n1", "gpu": 0, "util": 80, "mem_used": 10, "mem_total": 100},
+               {"host": "n1", "gpu": 1, "util": 60, "mem_used": 30, "mem_total": 100},
+               {"host": "n2", "gpu": 0, "util": 100, "mem_used": 20, "mem_total": 100}]
+    assert efficiency.gpu_summary(samples) == {"samples": 3, "gpus": 3, "mean_util": 80,
+                                               "peak_mem": 30, "mem_total": 100}
+    assert efficiency.gpu_summary([]) is None
+
+
+def recorded_run(tmp_path: Path) -> RunPaths:
+    paths = RunPaths.new(tmp_path / "runs", "smoke")
+    shutil.copy(SAMPLES / "events_requeued.jsonl", paths.events)
+    shutil.copy(SAMPLES / "metrics_requeued.jsonl", paths.metrics)
+    shutil.copy(REPO / "jobs" / "smoke.yaml", paths.spec)
+    return paths
+
+
+def with_sacct(monkeypatch, tmp_path: Path, script: str) -> None:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "sacct").write_text(script)
+    (bin_dir / "sacct").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+
+
+def test_report_from_recorded_sacct_writes_a_timeline(tmp_path, monkeypatch, capsys):
+    paths = recorded_run(tmp_path)
+    with_sacct(monkeypatch, tmp_path, f"#!/bin/sh\ncat {SAMPLES / 'sacct_requeued.txt'}\n")
+    report = build_report(paths, now=0)
+    assert len(report.windows) == 2 and report.requeues == 1 and report.usage.source == "sacct"
+    assert report.samples == 92 * 64 and report.samples_per_hour == (
+        pytest.approx(92 * 64 / report.usage.core_hours), "core-hour")
+    assert report.lost_seconds["checkpoint_saves"] == pytest.approx(0.69)
+    assert any("GPU utilisation" in line and "no GPUs allocated" in line for line in report.unknown)
+    assert not any("peak memory" in line or "CPU efficiency" in line for line in report.unknown)
+    assert paths.timeline.read_bytes()[:8] == PNG and report.timeline == str(paths.timeline)
+    assert json.loads(json.dumps(report.to_json()))["restarts"][0]["redone_steps"] == 7
+    print_report(report)
+    out = capsys.readouterr().out
+    assert "CPU efficiency:" in out and "25.2%" in out and "7 step(s)" in out
+
+
+@pytest.mark.parametrize("script, why", [
+    ("#!/bin/sh\necho 'sacct: error: Problem talking to the database: Connection refused' >&2; exit 1\n",
+     "sacct failed (sacct: error: Problem talking to the database"),
+    ("#!/bin/sh\nexit 0\n", "sacct has no record of job 174"),
+])
+def test_report_without_accounting_says_what_it_could_not_know(script, why, tmp_path, monkeypatch):
+    paths = recorded_run(tmp_path)
+    with_sacct(monkeypatch, tmp_path, script)
+    report = build_report(paths, now=0)
+    assert report.unknown[0].startswith(f"accounting: {why}")
+    assert report.usage.source == "spec and events" and report.usage.cpu_efficiency is None
+    assert len(report.windows) == 2 and report.restarts[0].redone_steps == 7
+    assert paths.timeline.read_bytes()[:8] == PNG
+
+
+@pytest.mark.slow
+def test_report_command_without_sacct_on_path(tmp_path):
+    paths = recorded_run(tmp_path)
+    env = {**os.environ, "PATH": path_without(tmp_path / "bin", ("sacct",))}
+    out = cli("report", str(paths.root), env=env)
+    assert out.returncode == 0, out.stderr
+    assert "not known: accounting: sacct failed" in out.stdout and "core-hours:" in out.stdout
+    document = json.loads(cli("report", str(paths.root), "--json", "--no-plot", env=env).stdout)
+    assert document["requeues"] == 1 and document["checkpoints"]["saves"] == 3
+
+
+def test_report_of_a_run_that_never_started(tmp_path, monkeypatch):
+    paths = RunPaths.new(tmp_path / "runs", "queued")
+    shutil.copy(REPO / "jobs" / "smoke.yaml", paths.spec)
+    paths.events.write_text(json.dumps({"time": 1.0, "event": "submitted", "job_id": "5",
+                                        "executor": "slurm", "spec_hash": "x"}) + "\n")
+    with_sacct(monkeypatch, tmp_path, "#!/bin/sh\nexit 0\n")
+    report = build_report(paths, now=10)
+    assert report.windows == [] and report.usage.core_hours == 0 and report.samples_per_hour is None
+    assert any("never started" in line for line in report.unknown) and not paths.timeline.exists()
