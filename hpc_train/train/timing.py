@@ -25,8 +25,8 @@ from __future__ import annotations
 import time
 from typing import Callable
 
-import torch
-
+# No torch at import: the report (bench/train_report.py) reads PARTS and `breakdown` on hosts
+# without it. The clock imports torch when it is used, inside a rank.
 PARTS = ("data", "compute", "comm", "optimizer", "other")
 
 
@@ -39,7 +39,7 @@ class NullClock:
     def after(self, function: Callable, name: str) -> Callable:
         return function
 
-    def watch(self, model: torch.nn.Module) -> None:
+    def watch(self, model) -> None:
         pass
 
 
@@ -49,7 +49,7 @@ NO_CLOCK = NullClock()
 class StepClock(NullClock):
     """Marks of every step since the last `reset`, on the CPU clock or as CUDA events."""
 
-    def __init__(self, device: torch.device):
+    def __init__(self, device):
         self.cuda = device.type == "cuda"
         self.steps: list[dict] = []
 
@@ -59,6 +59,8 @@ class StepClock(NullClock):
         elif not self.steps:
             return
         if self.cuda:
+            import torch
+
             stamp = torch.cuda.Event(enable_timing=True)
             stamp.record()
         else:
@@ -73,7 +75,7 @@ class StepClock(NullClock):
             return result
         return timed
 
-    def watch(self, model: torch.nn.Module) -> None:
+    def watch(self, model) -> None:
         """On a DDP model, mark `grads` as each gradient bucket's reduction starts (the last
         bucket's mark stands): DDP's own allreduce, through a comm hook that only adds the mark."""
         from torch.nn.parallel import DistributedDataParallel
@@ -97,6 +99,8 @@ class StepClock(NullClock):
         if not self.cuda:
             return [{name: stamp - step["start"] for name, stamp in step.items()}
                     for step in complete]
+        import torch
+
         torch.cuda.synchronize()
         return [{name: step["start"].elapsed_time(stamp) / 1000.0 for name, stamp in step.items()}
                 for step in complete]
