@@ -9,11 +9,13 @@ parallel/pipeline/groups.py), so DDP can stand beside it and Horovod, dormant up
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 from typing import Any
 
 import torch
 
+from hpc_train.launch.horovod import read_knobs
 from hpc_train.launch.identity import RankInfo
 
 
@@ -32,6 +34,9 @@ class HorovodBackend:
         if (self.rank, self.size) != (identity.rank, identity.size):
             raise RuntimeError(f"Horovod sees rank {self.rank}/{self.size}, the launcher "
                                f"{identity.rank}/{identity.size}: mixed MPI installations?")
+        # What Horovod was told (parallel.horovod, or launch.env), in this rank's log.
+        logging.getLogger("hpc_train.parallel").info(
+            "horovod %d ranks, knobs %s", self.size, read_knobs(os.environ) or "Horovod's defaults")
 
     def prepare(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, *,
                 accumulation: int, compression: str) -> tuple[torch.nn.Module, Any]:
