@@ -28,18 +28,26 @@ DEFAULT_SPEC = "jobs/smoke.yaml"
 PLAN, REPORT_JSON, REPORT_MD, REPORT_PNG, OUTPUT = ("plan.json", "report.json", "report.md",
                                                    "report.png", "bench.out")
 NOT_FOR_THE_BENCH_JOB = ("signal", "requeue", "open-mode")   # it neither checkpoints nor requeues
+CHUNK = 5   # steps of a trainer, then of its bare baseline, in turn: both see the same load
 
 
 def matrix_from(args) -> train_plan.Matrix:
-    m = train_plan.Matrix()
-    return train_plan.Matrix(
-        backends=train_plan.parse_list(args.backends, train_plan.BACKENDS, "--backends") if args.backends else m.backends,
-        precisions=train_plan.parse_list(args.precisions, train_plan.PRECISIONS, "--precisions") if args.precisions else m.precisions,
-        compressions=train_plan.parse_list(args.compressions, train_plan.COMPRESSIONS, "--compressions") if args.compressions else m.compressions,
-        ranks=train_plan.parse_counts(args.ranks, "--ranks") if args.ranks else m.ranks,
-        accumulations=train_plan.parse_counts(args.accumulation, "--accumulation") if args.accumulation else m.accumulations,
-        data=train_plan.parse_list(args.data, train_plan.DATA_KINDS, "--data") if args.data else m.data,
-        bare=not args.no_bare)
+    """The default matrix with each list option given on the command line instead."""
+    d, tp = train_plan.Matrix(), train_plan
+
+    def given(text, allowed, option, default):
+        return tp.parse_list(text, allowed, option) if text else default
+
+    def counts(text, option, default):
+        return tp.parse_counts(text, option) if text else default
+
+    return tp.Matrix(backends=given(args.backends, tp.BACKENDS, "--backends", d.backends),
+                     precisions=given(args.precisions, tp.PRECISIONS, "--precisions", d.precisions),
+                     compressions=given(args.compressions, tp.COMPRESSIONS, "--compressions",
+                                        d.compressions),
+                     ranks=counts(args.ranks, "--ranks", d.ranks),
+                     accumulations=counts(args.accumulation, "--accumulation", d.accumulations),
+                     data=given(args.data, tp.DATA_KINDS, "--data", d.data), bare=not args.no_bare)
 
 
 def load_bench_spec(spec_file: str, overrides: list[str]):
@@ -57,7 +65,8 @@ def load_bench_spec(spec_file: str, overrides: list[str]):
 
 
 def make_plan(args, spec, spec_file: str) -> dict:
-    configs = train_plan.configurations(matrix_from(args), spec.world_size, spec.data.kind != "synthetic")
+    configs = train_plan.configurations(matrix_from(args), spec.world_size,
+                                        real_data=spec.data.kind != "synthetic")
     launches = train_plan.launches(configs, args.rounds)
     if not args.no_allreduce and spec.world_size > 1:
         last_full = max(i for i, launch in enumerate(launches) if launch["ranks"] == spec.world_size)
@@ -67,7 +76,7 @@ def make_plan(args, spec, spec_file: str) -> dict:
                          "hosts": spec.slurm.nodes, "launcher": spec.launch.method,
                          "warmup": args.warmup, "steps": args.steps, "rounds": args.rounds,
                          "command": "python -m hpc_train " + shlex.join(sys.argv[1:])},
-            "warmup": args.warmup, "steps": args.steps, "gpu": spec.uses_gpu,
+            "warmup": args.warmup, "steps": args.steps, "chunk": CHUNK, "gpu": spec.uses_gpu,
             "allreduce": {"model": args.allreduce_model, "repetitions": args.allreduce_repetitions,
                           "rounds": 2},
             "configs": [c.as_dict() for c in configs], "launches": launches}
@@ -84,8 +93,9 @@ def prepare(args) -> Path:
     paths.spec.write_text(dump_spec_yaml(spec))
     samples = spec.data.batch_size
     for config in plan["configs"]:
-        overrides = train_plan.config_overrides(train_plan.Config(**{k: v for k, v in config.items() if k != "name"}),
-                                                spec.world_size, samples, args.warmup + args.steps)
+        fields = {k: v for k, v in config.items() if k != "name"}
+        overrides = train_plan.config_overrides(train_plan.Config(**fields), spec.world_size,
+                                                samples, args.warmup + args.steps)
         config_paths = RunPaths(paths.root / "configs" / config["name"])
         config_paths.root.mkdir(parents=True)
         config_paths.spec.write_text(dump_spec_yaml(load_spec(paths.spec, overrides)))

@@ -4,9 +4,10 @@ them in alternating rounds (pure functions; no torch).
 A configuration is the trainer (`kind` "trainer": the real Trainer on the spec's model) or the
 bare loop (`kind` "bare": the same model, batch, precision and backend in a plain PyTorch loop,
 the baseline of the trainer's overhead), with a backend, precision, compression, rank count,
-accumulation and data source. One launch runs every configuration of one rank count once; the
-rounds alternate the order of launches and of configurations within them (reversed every other
-round), so load from other work on a shared machine falls on all of them alike.
+accumulation and data source. One launch runs every configuration of one rank count once, a
+trainer and its bare baseline interleaved; the rounds alternate the order of launches and of
+configurations within them (reversed every other round), so load from other work on a shared
+machine falls on all of them alike.
 """
 
 from __future__ import annotations
@@ -96,17 +97,40 @@ def configurations(matrix: Matrix, world_size: int, real_data: bool) -> list[Con
     return configs
 
 
+def twin(bare: Config, configs: list[Config]) -> Config | None:
+    """The trainer configuration a bare loop is the baseline of: same backend, precision and
+    ranks, synthetic data, no compression, accumulation 1."""
+    for c in configs:
+        if (c.kind, c.backend, c.precision, c.ranks, c.data, c.compression, c.accumulation) == \
+                ("trainer", bare.backend, bare.precision, bare.ranks, "synthetic", "none", 1):
+            return c
+    return None
+
+
+def units(configs: list[Config]) -> list[list[str]]:
+    """What a launch runs, in order: a trainer configuration with its bare-loop baseline as a
+    pair (their steps interleaved in short chunks: the overhead ratio is then measured under
+    the same load, second by second), every other configuration alone."""
+    bare_of = {}
+    for c in configs:
+        if c.kind == "bare" and (trainer := twin(c, configs)) is not None:
+            bare_of[trainer.name] = c.name
+    paired = set(bare_of.values())
+    return [[c.name, bare_of[c.name]] if c.name in bare_of else [c.name]
+            for c in configs if c.name not in paired]
+
+
 def launches(configs: list[Config], rounds: int) -> list[dict]:
     """The launches in order: each round runs every rank count once (one launch each), the
-    order of launches and of configurations reversed every other round."""
+    order of launches and of units within them reversed every other round."""
     counts = sorted({c.ranks for c in configs})
     plan = []
     for round_ in range(rounds):
         flip = round_ % 2 == 1
         for n in reversed(counts) if flip else counts:
-            names = [c.name for c in configs if c.ranks == n]
+            order = units([c for c in configs if c.ranks == n])
             plan.append({"id": len(plan), "round": round_, "ranks": n,
-                         "configs": list(reversed(names)) if flip else names})
+                         "units": list(reversed(order)) if flip else order})
     return plan
 
 

@@ -5,6 +5,7 @@ It sets itself up as a job's worker does (its own log, heartbeat, network, stop 
 every configuration of its launch (BENCH_DIR/plan.json, the launch named by LAUNCH_ENV) in the
 launch's order: the real Trainer built from that configuration's spec (configs/<name>/spec.yaml),
 or the bare loop; `warmup` steps, then `steps` timed steps, each broken down by the StepClock.
+A trainer and its bare baseline run as a pair, their timed steps interleaved in chunks.
 What the rank itself ran (backend, precision, compression, world size, device, Horovod's
 variables) is recorded beside the times. After the configurations of a launch of several
 ranks, the allreduce ratio (bench/allreduce.py). Results: results/launch-N/rank-K.json,
@@ -70,82 +71,168 @@ def quiesce_horovod(keep: bool) -> None:
         hvd.shutdown()
 
 
-def run_trainer(spec, paths, identity, stop, heartbeat, clock, warmup: int, steps: int) -> dict:
-    from hpc_train.errors import HpcTrainError
-    from hpc_train.launch.horovod import read_knobs
-    from hpc_train.train.checkpointing import Checkpointing
-    from hpc_train.train.trainer import Trainer
+class TrainerRun:
+    """A configuration of the real Trainer, stepped on request (`steps(n)`)."""
 
-    trainer = Trainer(spec, paths, identity, stop, heartbeat, clock=clock)
-    try:
-        if warmup + steps >= trainer.steps_per_epoch:
-            raise HpcTrainError(f"{paths.root.name}: {trainer.steps_per_epoch} steps per epoch, "
-                                f"fewer than --warmup {warmup} + --steps {steps} + 1: an epoch end "
-                                "would evaluate and checkpoint among the timed steps; lower them")
-        clock.watch(trainer.model)
-        checkpoints = Checkpointing(trainer, stop)
-        trainer.train_steps(warmup, checkpoints)
-        clock.reset()
-        trainer.train_steps(steps, checkpoints)
+    def __init__(self, spec, paths, identity, stop, heartbeat, clock, planned: int):
+        from hpc_train.errors import HpcTrainError
+        from hpc_train.train.checkpointing import Checkpointing
+        from hpc_train.train.trainer import Trainer
+
+        self.spec, self.identity, self.clock = spec, identity, clock
+        self.trainer = Trainer(spec, paths, identity, stop, heartbeat, clock=clock)
+        self.device = self.trainer.device
+        if planned >= self.trainer.steps_per_epoch:
+            self.close()
+            raise HpcTrainError(f"{paths.root.name}: {self.trainer.steps_per_epoch} steps per epoch, "
+                                f"not more than the {planned} steps to run: an epoch end would evaluate "
+                                "and checkpoint among the timed steps; lower --warmup and --steps")
+        clock.watch(self.trainer.model)
+        self.checkpoints = Checkpointing(self.trainer, stop)
+
+    def steps(self, count: int) -> None:
+        self.trainer.train_steps(count, self.checkpoints)
+
+    def recorded(self) -> dict:
+        from hpc_train.launch.horovod import read_knobs
+
+        trainer, spec = self.trainer, self.spec
         return {"backend": trainer.backend.name, "precision": trainer.precision.mode,
                 "compression": trainer.backend.compression, "accumulation": spec.parallel.accumulation,
-                "world_size": identity.size, "device": str(trainer.device),
+                "world_size": self.identity.size, "device": str(self.device),
                 "samples_per_step": spec.samples_per_step, "data": spec.data.kind,
                 "horovod_env": read_knobs(os.environ) if trainer.backend.name == "horovod" else {}}
-    finally:
-        trainer.close()
+
+    def close(self) -> None:
+        self.trainer.close()
 
 
-def run_bare(spec, identity, clock, compression: str, warmup: int, steps: int) -> dict:
-    from hpc_train.bench.bare_loop import BareLoop, plain_loader
-    from hpc_train.data.synthetic import SyntheticImages
-    from hpc_train.launch.horovod import read_knobs
-    from hpc_train.train.trainer import pick_device
+class BareRun:
+    """A configuration of the bare loop (bench/bare_loop.py) on the spec's synthetic images."""
 
-    device = pick_device(spec, identity)
-    data = SyntheticImages(spec.data.train_samples, spec.data.num_classes, spec.data.image_size,
-                           seed=spec.run.seed)
-    loop = BareLoop(spec, identity, device, plain_loader(spec, identity, device, data),
-                    compression=compression, clock=clock)
-    try:
-        loop.steps(warmup)
-        clock.reset()
-        loop.steps(steps)
+    def __init__(self, spec, identity, clock, compression: str):
+        from hpc_train.bench.bare_loop import BareLoop, plain_loader
+        from hpc_train.data.synthetic import SyntheticImages
+        from hpc_train.train.trainer import pick_device
+
+        self.spec, self.identity, self.clock = spec, identity, clock
+        self.device = pick_device(spec, identity)
+        data = SyntheticImages(spec.data.train_samples, spec.data.num_classes, spec.data.image_size,
+                               seed=spec.run.seed)
+        self.loop = BareLoop(spec, identity, self.device, plain_loader(spec, identity, self.device, data),
+                             compression=compression, clock=clock)
+
+    def steps(self, count: int) -> None:
+        self.loop.steps(count)
+
+    def recorded(self) -> dict:
+        from hpc_train.launch.horovod import read_knobs
+
+        loop = self.loop
         return {"backend": loop.backend, "precision": loop.precision, "compression": loop.compression,
-                "accumulation": 1, "world_size": identity.size, "device": str(device),
-                "samples_per_step": spec.data.batch_size * identity.size, "data": spec.data.kind,
+                "accumulation": 1, "world_size": self.identity.size, "device": str(self.device),
+                "samples_per_step": self.spec.data.batch_size * self.identity.size,
+                "data": self.spec.data.kind,
                 "horovod_env": read_knobs(os.environ) if loop.backend == "horovod" else {}}
-    finally:
-        loop.close()
+
+    def close(self) -> None:
+        self.loop.close()
 
 
-def run_config(config: dict, root: Path, identity, stop, heartbeat, warmup: int, steps: int) -> dict:
+class Bench:
+    """What every configuration of a launch shares: the bench directory, this rank, its stop
+    flag and heartbeat, the step counts."""
+
+    def __init__(self, root: Path, identity, stop, heartbeat, plan: dict):
+        self.root, self.identity, self.stop, self.heartbeat = root, identity, stop, heartbeat
+        self.configs = {c["name"]: c for c in plan["configs"]}
+        self.warmup, self.steps, self.chunk = plan["warmup"], plan["steps"], plan["chunk"]
+        self.device = _device_of(plan["gpu"], identity)
+
+    def build(self, name: str):
+        from hpc_train.rundir import RunPaths
+        from hpc_train.spec import load_spec
+        from hpc_train.train.timing import StepClock
+        from hpc_train.train.trainer import pick_device
+
+        config = self.configs[name]
+        paths = RunPaths(self.root / "configs" / name)
+        spec = load_spec(paths.spec)
+        quiesce_horovod(keep=config["backend"] == "horovod")
+        clock = StepClock(pick_device(spec, self.identity))
+        if config["kind"] == "trainer":
+            return TrainerRun(spec, paths, self.identity, self.stop, self.heartbeat, clock,
+                              self.warmup + self.steps)
+        return BareRun(spec, self.identity, clock, config["compression"])
+
+    def warm(self, name: str) -> tuple:
+        """Build and warm up a configuration; (the run, its peak memory, the peak's source)."""
+        source = reset_peak_memory(self.device)
+        run = self.build(name)
+        run.steps(self.warmup)
+        return run, peak_memory(run.device), source
+
+    def result(self, name: str, run, memory: int, source: str, started: float) -> dict:
+        from hpc_train.train.timing import breakdown
+
+        return {"name": name, "recorded": run.recorded(),
+                "steps": [breakdown(marks) for marks in run.clock.seconds()],
+                "peak_memory_bytes": memory, "peak_memory_source": source,
+                "seconds": round(time.perf_counter() - started, 3)}
+
+    def solo(self, name: str) -> list[dict]:
+        started = time.perf_counter()
+        run, memory, source = self.warm(name)
+        try:
+            run.clock.reset()
+            run.steps(self.steps)
+            return [self.result(name, run, memory, source, started)]
+        finally:
+            run.close()
+            _release(run.device)
+
+    def pair(self, trainer_name: str, bare_name: str) -> list[dict]:
+        """The trainer and its bare baseline, their timed steps interleaved in chunks (order
+        swapped every chunk). Each one's peak memory is taken while it runs alone: the bare loop
+        first (then rebuilt), so neither's figure holds the other's model."""
+        started = time.perf_counter()
+        bare, bare_memory, source = self.warm(bare_name)
+        bare.close()
+        del bare
+        _release(self.device)
+        trainer, trainer_memory, _ = self.warm(trainer_name)
+        bare = self.build(bare_name)
+        try:
+            bare.steps(self.warmup)
+            trainer.clock.reset()
+            bare.clock.reset()
+            done, swap = 0, False
+            while done < self.steps:
+                count = min(self.chunk, self.steps - done)
+                for run in (bare, trainer) if swap else (trainer, bare):
+                    run.steps(count)
+                done, swap = done + count, not swap
+            return [self.result(trainer_name, trainer, trainer_memory, source, started),
+                    self.result(bare_name, bare, bare_memory, source, started)]
+        finally:
+            trainer.close()
+            bare.close()
+            _release(trainer.device)
+
+
+def _device_of(gpu: bool, identity):
     import torch
 
-    from hpc_train.rundir import RunPaths
-    from hpc_train.spec import load_spec
-    from hpc_train.train.timing import StepClock, breakdown
-    from hpc_train.train.trainer import pick_device
+    return torch.device("cuda", identity.local_rank % torch.cuda.device_count()) \
+        if gpu and torch.cuda.is_available() else torch.device("cpu")
 
-    paths = RunPaths(root / "configs" / config["name"])
-    spec = load_spec(paths.spec)
-    quiesce_horovod(keep=config["backend"] == "horovod")
-    device = pick_device(spec, identity)
-    clock = StepClock(device)
-    source = reset_peak_memory(device)
-    started = time.perf_counter()
-    if config["kind"] == "trainer":
-        recorded = run_trainer(spec, paths, identity, stop, heartbeat, clock, warmup, steps)
-    else:
-        recorded = run_bare(spec, identity, clock, config["compression"], warmup, steps)
-    result = {"name": config["name"], "recorded": recorded,
-              "steps": [breakdown(marks) for marks in clock.seconds()],
-              "peak_memory_bytes": peak_memory(device), "peak_memory_source": source,
-              "seconds": round(time.perf_counter() - started, 3)}
+
+def _release(device) -> None:
+    import torch
+
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
-    return result
 
 
 def write_results(path: Path, results: dict) -> None:
@@ -182,24 +269,21 @@ def main(argv: list[str] | None = None) -> int:
         join_network(os.environ, identity.rank)
         plan = json.loads((root / "plan.json").read_text())
         launch = plan["launches"][launch_id]
-        configs = {c["name"]: c for c in plan["configs"]}
+        bench = Bench(root, identity, stop, heartbeat, plan)
         out = results_file(root, launch_id, identity.rank)
         results = {"rank": identity.rank, "size": identity.size, "host": socket.gethostname(),
                    "launch": launch_id, "round": launch["round"], "configs": [], "allreduce": None}
-        for name in launch["configs"]:
-            heartbeat.progress(phase=f"bench {name}")
-            results["configs"].append(run_config(configs[name], root, identity, stop, heartbeat,
-                                                 plan["warmup"], plan["steps"]))
-            log.info("%s: %d steps in %.1f s", name, plan["steps"], results["configs"][-1]["seconds"])
+        for unit in launch["units"]:
+            heartbeat.progress(phase=f"bench {' + '.join(unit)}")
+            done = bench.pair(*unit) if len(unit) == 2 else bench.solo(*unit)
+            results["configs"] += done
+            log.info("%s: %d steps in %.1f s", " + ".join(unit), plan["steps"], done[-1]["seconds"])
             write_results(out, results)
         if launch.get("allreduce"):
             from hpc_train.bench.allreduce import measure
 
             heartbeat.progress(phase="bench allreduce")
-            import torch
-
-            device = torch.device("cuda", identity.local_rank % torch.cuda.device_count()) \
-                if plan["gpu"] and torch.cuda.is_available() else torch.device("cpu")
+            device = _device_of(plan["gpu"], identity)
             quiesce_horovod(keep=True)
             spec = plan["allreduce"]
             results["allreduce"] = measure(spec["model"], device, spec["repetitions"], spec["rounds"])

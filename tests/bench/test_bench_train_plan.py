@@ -47,7 +47,19 @@ def test_launches_alternate_their_order_every_other_round():
                                            compressions=("none",), data=("synthetic",), ranks=(2,)),
                                     world_size=2, real_data=False)
     first, second = train_plan.launches(two, rounds=2)
-    assert second["configs"] == list(reversed(first["configs"])) and len(first["configs"]) == 2
+    assert second["units"] == list(reversed(first["units"])) and len(first["units"]) == 2
+
+
+def test_each_bare_loop_is_paired_with_its_trainer_and_nothing_runs_twice():
+    configs = train_plan.configurations(Matrix(), world_size=2, real_data=True)
+    launches = train_plan.launches(configs, rounds=1)
+    names = [name for launch in launches for unit in launch["units"] for name in unit]
+    assert sorted(names) == sorted(c.name for c in configs)
+    pairs = [unit for launch in launches for unit in launch["units"] if len(unit) == 2]
+    assert len(pairs) == 8
+    for trainer, bare in pairs:
+        t, b = trainer.split("-"), bare.split("-")
+        assert t[0] == "trainer" and b[0] == "bare" and t[1:] == b[1:]   # same everything else
 
 
 def test_parse_lists_refuse_unknown_values():
