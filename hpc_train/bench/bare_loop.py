@@ -94,8 +94,12 @@ class BareLoop:
         return next(self.batches)
 
     def steps(self, count: int) -> None:
-        """`count` optimizer steps; with a StepClock, each marked as the trainer's are."""
+        """`count` optimizer steps; with a StepClock, each marked as the trainer's are. Each call
+        starts a new pass over the loader, as each of the trainer's `train_steps` calls does (its
+        persistent workers restart from the sampler's position), so that `bench train`'s
+        interleaved chunks cost both loops alike."""
         clock, device = self.clock, self.device
+        self.batches = None
         self.model.train()
         for _ in range(count):
             clock.mark("start")

@@ -151,6 +151,7 @@ def test_the_report_gives_rates_scaling_overhead_and_allreduce_ratios():
     assert two["peak_memory_bytes"] == 101 and two["ranks_agree"]
     (overhead,) = report["overhead"]
     assert overhead["overhead"] == pytest.approx(0.25) and not overhead["within_target"]
+    assert overhead["overhead_per_round"] == [pytest.approx(0.25)]
     ratios = {r["method"]: r for r in report["allreduce"]["rows"]}
     assert ratios["horovod gradients"]["vs_mpi"] == pytest.approx(0.8)
     assert ratios["horovod gradients"]["within_target"] is False
@@ -159,3 +160,18 @@ def test_the_report_gives_rates_scaling_overhead_and_allreduce_ratios():
     markdown = train_report.markdown(report)
     assert markdown.count("\n| trainer ddp fp32 |") == 2 and "overhead +25.0%" in markdown
     assert report["missing"] == []
+
+
+def test_the_overhead_compares_each_round_with_its_own_baseline():
+    """Load that changes between rounds (here: round 1 twice as slow) cancels in the ratio."""
+    trainer = Config("trainer", "horovod", "fp32", "none", 1, 1, "synthetic")
+    bare = Config("bare", "horovod", "fp32", "none", 1, 1, "synthetic")
+    plan = {"settings": {}, "configs": [trainer.as_dict(), bare.as_dict()]}
+    results = [_run(0, 0, _steps(0.11, 3), name=trainer.name, samples_per_step=32),
+               _run(0, 1, _steps(0.22, 9), name=trainer.name, samples_per_step=32),
+               _run(0, 0, _steps(0.10, 9), name=bare.name, samples_per_step=32),
+               _run(0, 1, _steps(0.20, 3), name=bare.name, samples_per_step=32)]
+    (overhead,) = train_report.build(plan, results)["overhead"]
+    assert overhead["overhead_per_round"] == [pytest.approx(0.1), pytest.approx(0.1)]
+    assert overhead["overhead"] == pytest.approx(0.1)
+    assert overhead["overhead_pooled"] == pytest.approx(0.22 / 0.10 - 1)   # what pooling would say
