@@ -62,12 +62,15 @@ def measure(model_name: str, device: torch.device, repetitions: int, rounds: int
     """Every rank calls this with the same arguments; returns this rank's times per method."""
     from mpi4py import MPI
 
-    import horovod.torch as hvd
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
+    try:
+        import horovod.torch as hvd
+    except ImportError:      # a DDP-only site: no Horovod rows
+        hvd = None
     comm = MPI.COMM_WORLD
-    if hvd.is_initialized():
+    if hvd is not None and hvd.is_initialized():
         hvd.shutdown()
     init_torch_distributed(comm.Get_rank(), comm.Get_size(), device)
     shapes = gradient_shapes(model_name)
@@ -101,9 +104,11 @@ def measure(model_name: str, device: torch.device, repetitions: int, rounds: int
     # collective every cycle), and MPI serialises threads, which would slow the others' rows.
     groups = [(False, {"mpi4py": lambda: comm.Allreduce(send, receive, op=MPI.SUM)}),
               (False, {"torch.distributed one tensor": lambda: dist.all_reduce(flat),
-                       "ddp backward": lambda: ddp(True), "ddp backward no_sync": lambda: ddp(False)}),
-              (True, {"horovod gradients": horovod_grads, "horovod gradients fp16": horovod_fp16,
-                      "horovod one tensor": lambda: hvd.allreduce_(flat, name="bench.flat", op=hvd.Sum)})]
+                       "ddp backward": lambda: ddp(True), "ddp backward no_sync": lambda: ddp(False)})]
+    if hvd is not None:
+        groups.append((True, {"horovod gradients": horovod_grads, "horovod gradients fp16": horovod_fp16,
+                              "horovod one tensor": lambda: hvd.allreduce_(flat, name="bench.flat",
+                                                                           op=hvd.Sum)}))
     times: dict[str, list[float]] = {name: [] for _, methods in groups for name in methods}
     for round_ in range(rounds):
         for horovod, methods in groups if round_ % 2 == 0 else reversed(groups):

@@ -138,7 +138,10 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
                    help="rounds; launches and configurations alternate their order (2)")
     p.add_argument("--allreduce-model", default="resnet50", metavar="NAME",
                    help="the model whose gradients the allreduce ratio reduces (resnet50: 25.6M)")
-    p.add_argument("--allreduce-repetitions", type=positive_int, default=5, metavar="N", help="(5)")
+    p.add_argument("--allreduce-repetitions", type=positive_int, default=5, metavar="N",
+                   help="timed allreduces per method and round (5)")
+    p.add_argument("--allreduce-rounds", type=positive_int, default=4, metavar="N",
+                   help="rounds over the methods, order reversed every other round (4)")
     p.add_argument("--no-allreduce", action="store_true", help="leave out the allreduce ratio")
     p.add_argument("--submit", action="store_true",
                    help="send the benchmark as one Slurm job shaped by the spec; print where its "

@@ -78,7 +78,7 @@ def make_plan(args, spec, spec_file: str) -> dict:
                          "command": "python -m hpc_train " + shlex.join(sys.argv[1:])},
             "warmup": args.warmup, "steps": args.steps, "chunk": CHUNK, "gpu": spec.uses_gpu,
             "allreduce": {"model": args.allreduce_model, "repetitions": args.allreduce_repetitions,
-                          "rounds": 2},
+                          "rounds": args.allreduce_rounds},
             "configs": [c.as_dict() for c in configs], "launches": launches}
 
 

@@ -65,10 +65,18 @@ def quiesce_horovod(keep: bool) -> None:
     """Stop Horovod's background thread unless the next configuration uses Horovod: idle, it
     still cycles (an MPI collective every few ms), which would slow the DDP configurations.
     MPI belongs to mpi4py (imported first), so Horovod can start again later."""
-    import horovod.torch as hvd
-
-    if not keep and hvd.is_initialized():
+    hvd = horovod()
+    if hvd is not None and not keep and hvd.is_initialized():
         hvd.shutdown()
+
+
+def horovod():
+    """horovod.torch, or None where it is not installed (a DDP-only site)."""
+    try:
+        import horovod.torch as hvd
+    except ImportError:
+        return None
+    return hvd
 
 
 class TrainerRun:
@@ -300,14 +308,12 @@ def main(argv: list[str] | None = None) -> int:
 
 def _shutdown() -> None:
     """Leave the collectives together: every rank is done before any tears Gloo down."""
-    import horovod.torch as hvd
     import torch.distributed as dist
 
     if dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()
-    if hvd.is_initialized():
-        hvd.shutdown()
+    quiesce_horovod(keep=False)
 
 
 if __name__ == "__main__":

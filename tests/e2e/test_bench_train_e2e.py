@@ -17,7 +17,7 @@ pytestmark = [pytest.mark.slurm, pytest.mark.mpi, pytest.mark.horovod, pytest.ma
 
 TINY = ("--set", "data.image_size=16", "--set", "data.batch_size=8", "--set", "data.workers=1",
         "--warmup", "1", "--steps", "2", "--rounds", "1", "--allreduce-model", "resnet_tiny",
-        "--allreduce-repetitions", "2", "--time", "5")
+        "--allreduce-repetitions", "2", "--allreduce-rounds", "2", "--time", "5")
 DATA_KIND = {"synthetic": "synthetic", "real": "hdf5"}
 
 
