@@ -25,6 +25,10 @@ HEARTBEAT_GLOB = "rank-*"       # heartbeat/ files, one per rank (see RunPaths.r
 CODE_CACHE = ".code"
 
 
+def _per_run(stem: str, suffix: str, restart: int) -> str:
+    return f"{stem}{suffix}" if not restart else f"{stem}-{restart}{suffix}"
+
+
 def _rank_name(rank: int) -> str:
     return f"rank-{rank:05d}"
 
@@ -106,6 +110,14 @@ class RunPaths:
 
     def rank_heartbeat(self, rank: int) -> Path:
         return self.heartbeat / _rank_name(rank)
+
+    def horovod_timeline(self, restart: int = 0) -> Path:
+        """Horovod's timeline (rank 0 writes it) of one run of the job: a requeued run writes
+        its own, horovod-timeline-N.json, instead of truncating the first run's."""
+        return self.root / _per_run("horovod-timeline", ".json", restart)
+
+    def horovod_autotune_log(self, restart: int = 0) -> Path:
+        return self.root / _per_run("horovod-autotune", ".csv", restart)
 
     def make_dirs(self) -> None:
         for path in (self.root, self.logs, self.heartbeat, self.checkpoints, self.submitit):

@@ -108,6 +108,84 @@ def _add_pipeline(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=_runs("pipeline"))
 
 
+def _add_train(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "train", help="images/s of the spec's model: DDP vs Horovod vs FP16, trainer vs bare loop, "
+                      "allreduce vs raw MPI, and where each step's time goes",
+        description="Run the spec's model under each configuration of a matrix (default: ddp and "
+                    "horovod; fp32 and fp16; fp16 compression for horovod; 1 rank and the whole "
+                    "allocation; synthetic and the spec's own data), through the driver's launcher "
+                    "and the real Trainer, in alternating rounds, warm-up steps excluded; beside "
+                    "them a bare PyTorch loop (the trainer's overhead) and the gradient allreduce "
+                    "of Horovod and DDP against mpi4py (same bytes). Reports images/s, the "
+                    "ImageNet epoch time, scaling efficiency, a per-step breakdown and peak memory "
+                    "(table, --json, report.md and report.png in the bench directory).")
+    p.add_argument("spec", nargs="?", metavar="SPEC", help="job spec (default jobs/smoke.yaml)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a spec key (repeatable)")
+    p.add_argument("--backends", metavar="LIST", help="ddp,horovod (default both)")
+    p.add_argument("--precisions", metavar="LIST", help="from fp32,fp16,bf16 (default fp32,fp16)")
+    p.add_argument("--compressions", metavar="LIST", help="none,fp16 (default both; fp16 for horovod only)")
+    p.add_argument("--ranks", metavar="LIST", help="1 and/or the spec's world size (default both)")
+    p.add_argument("--accumulation", metavar="LIST", help="backward passes per step (default 1)")
+    p.add_argument("--data", metavar="LIST", help="synthetic,real (default both; real = the spec's data)")
+    p.add_argument("--no-bare", action="store_true", help="leave out the bare-loop baseline")
+    p.add_argument("--warmup", type=positive_int, default=5, metavar="N",
+                   help="untimed steps per configuration and round (5)")
+    p.add_argument("--steps", type=positive_int, default=20, metavar="N",
+                   help="timed steps per configuration and round (20)")
+    p.add_argument("--rounds", type=positive_int, default=2, metavar="N",
+                   help="rounds; launches and configurations alternate their order (2)")
+    p.add_argument("--allreduce-model", default="resnet50", metavar="NAME",
+                   help="the model whose gradients the allreduce ratio reduces (resnet50: 25.6M)")
+    p.add_argument("--allreduce-repetitions", type=positive_int, default=5, metavar="N",
+                   help="timed allreduces per method and round (5)")
+    p.add_argument("--allreduce-rounds", type=positive_int, default=4, metavar="N",
+                   help="rounds over the methods, order reversed every other round (4)")
+    p.add_argument("--no-allreduce", action="store_true", help="leave out the allreduce ratio")
+    p.add_argument("--submit", action="store_true",
+                   help="send the benchmark as one Slurm job shaped by the spec; print where its "
+                        "report will be")
+    p.add_argument("--time", default="30", metavar="LIMIT", help="--submit: the job's time limit (30 min)")
+    p.add_argument("--in-run", metavar="BENCH_DIR",
+                   help="run a prepared bench directory (what the --submit job runs)")
+    p.add_argument("--gpu-protocol", action="store_true", help="run `bench gpu` instead")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(handler=_runs("train"))
+
+
+def _add_gpu(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "gpu", help="the GPU protocol: ResNet-50 FP16/BF16 images/s per GPU, synthetic and from "
+                    "HDF5 shards, in under 8 minutes",
+        description="On a CUDA machine: ResNet-50 with channels_last in a bare loop over DDP "
+                    "(NCCL), FP16 then BF16, on one batch made on the GPU; Horovod FP16 too when "
+                    "a CUDA build is installed; the HDF5 shard loader alone; ResNet-50 from the "
+                    "shards. Images/s per GPU as JSON, against 2,470 images/s (A100 80GB, AMP, "
+                    "NVIDIA's DeepLearningExamples) and, on H100/H200, the targets 4,000 "
+                    "synthetic and 0.9 of that from shards. One process per GPU (mpirun when "
+                    "there are several).")
+    p.add_argument("--out", metavar="FILE", help="the JSON file (default runs/bench-gpu-<stamp>.json)")
+    p.add_argument("--shards", metavar="DIR", help="a shard root with train/ (default: make "
+                   "~2,000 demo JPEGs of ~500 px and convert them first)")
+    p.add_argument("--model", default="resnet50", help="(resnet50)")
+    p.add_argument("--image-size", type=positive_int, default=224, metavar="PX", help="(224)")
+    p.add_argument("--batch", type=positive_int, default=256, metavar="N", help="per GPU (256)")
+    p.add_argument("--precisions", default="fp16,bf16", metavar="LIST",
+                   help="the first also trains from the shards (fp16,bf16)")
+    p.add_argument("--workers", type=int, default=None, metavar="N",
+                   help="loader workers per GPU (default: cores per GPU - 1, 2 to 16)")
+    p.add_argument("--seconds", type=positive_float, default=25.0, metavar="S",
+                   help="timed seconds per phase (25)")
+    p.add_argument("--warmup", type=positive_int, default=15, metavar="N",
+                   help="untimed steps per phase (15; cudnn.benchmark picks kernels here)")
+    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
+                   help="cpu: the same code path on the CPU, for tests")
+    p.add_argument("--no-horovod", action="store_true", help="skip Horovod even if built with CUDA")
+    p.add_argument("--json", action="store_true", help="print the JSON")
+    p.set_defaults(handler=_runs("gpu"))
+
+
 def register(commands: argparse._SubParsersAction) -> None:
     bench = commands.add_parser("bench", help="benchmarks: ours vs. a baseline, measured in one run")
     sub = bench.add_subparsers(dest="bench_command", metavar="BENCH_COMMAND", required=True)
@@ -115,3 +193,5 @@ def register(commands: argparse._SubParsersAction) -> None:
     _add_checkpoint(sub)
     _add_inspect(sub)
     _add_pipeline(sub)
+    _add_train(sub)
+    _add_gpu(sub)

@@ -1,17 +1,14 @@
 """`doctor --nodes N`: from a login node, one small batch job over N nodes (one task each) that
 runs `doctor --allocation --json`; wait for it, bounded, and show the report it printed.
 
-It uses whichever Slurm the environment points at (SLURM_CONF included), and sbatch exports this
-environment to the job (its default, --export=ALL), so the job runs this Python and package.
-Every value travels as an argv element; the one generated text, the batch script, quotes each
-word with shlex.
+The job itself (script, sbatch, the bounded wait) is slurm/batch.py's, as `bench train
+--submit`'s is.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shlex
 import sys
 import time
 from pathlib import Path
@@ -19,13 +16,13 @@ from pathlib import Path
 from hpc_train import _proc, scheduler
 from hpc_train.doctor.allocation import DEFAULT_TIMEOUT
 from hpc_train.errors import LaunchError, SubmitError
+from hpc_train.slurm import batch
 from hpc_train.spec.values import slurm_time_seconds
 
 DEFAULT_TIME = "5"          # minutes: imports and an MPI start-up, many times over
 DEFAULT_MEM_MB = 2048       # torch + Horovod + mpi4py in one process, with room to spare
 DEFAULT_WAIT = 600.0        # queue wait included
 JOB_NAME = "hpc-doctor"
-POLL_SECONDS = 2.0
 OUTPUT, ERRORS, SCRIPT = "job.out", "job.err", "doctor.sbatch"
 
 
@@ -55,19 +52,18 @@ def inner_timeout(time_limit: str) -> float:
 def batch_script(python: str, method: str, out_dir: Path, timeout: float) -> str:
     command = [python, "-m", "hpc_train", "doctor", "--allocation", "--json", "--launcher", method,
                "--out", str(out_dir), "--timeout", f"{timeout:g}"]
-    return ("#!/bin/bash\n"
-            "# Written by `python -m hpc_train doctor --nodes`: one probe per node of this job.\n"
-            f"exec {shlex.join(command)}\n")
+    return batch.script_text(command, comment="Written by `python -m hpc_train doctor --nodes`: "
+                                              "one probe per node of this job.")
 
 
 def sbatch_argv(nodes: int, time_limit: str, mem_mb: int, out_dir: Path, script: Path,
                 partition: str | None) -> list[str]:
-    argv = ["sbatch", "--parsable", f"--job-name={JOB_NAME}", f"--nodes={nodes}", "--ntasks-per-node=1",
-            f"--time={time_limit}", f"--mem={mem_mb}M", f"--output={out_dir / OUTPUT}",
-            f"--error={out_dir / ERRORS}", f"--chdir={Path.cwd()}"]
+    options = {"job-name": JOB_NAME, "nodes": str(nodes), "ntasks-per-node": "1", "time": time_limit,
+               "mem": f"{mem_mb}M", "output": str(out_dir / OUTPUT), "error": str(out_dir / ERRORS),
+               "chdir": str(Path.cwd())}
     if partition:
-        argv.append(f"--partition={partition}")
-    return [*argv, str(script)]
+        options["partition"] = partition
+    return batch.sbatch_argv(options, script)
 
 
 def parse_job_output(text: str) -> dict | None:
@@ -100,20 +96,6 @@ def _tail(path: Path, lines: int = 5) -> str:
         return ""
 
 
-def wait_for(job_id: str, timeout: float) -> tuple[bool, str]:
-    """Poll squeue until the job has left the queue or the timeout: (ended, the last state
-    seen; '' when squeue never listed it)."""
-    until = time.monotonic() + timeout
-    seen = ""
-    while time.monotonic() < until:
-        state = scheduler.queue_state(job_id)   # None: squeue failed this time; ask again
-        if state == "" or (state and state not in scheduler.ACTIVE_STATES):
-            return True, state or seen
-        seen = state or seen
-        time.sleep(POLL_SECONDS)
-    return False, seen
-
-
 def check_nodes(nodes: int, method: str, partition: str | None, time_limit: str, wait: float,
                 out_dir: Path | None) -> dict:
     out_dir = (out_dir or Path("runs") / f"doctor-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}").resolve()
@@ -123,13 +105,11 @@ def check_nodes(nodes: int, method: str, partition: str | None, time_limit: str,
     sinfo = _proc.run(["sinfo", "-h", "-o", "%m", *([f"--partition={partition}"] if partition else [])],
                       timeout=20)
     mem = job_memory_mb(smallest_node_memory(sinfo.stdout) if sinfo.ok else None)
-    submitted = _proc.run(sbatch_argv(nodes, time_limit, mem, out_dir, script, partition), timeout=60)
-    if not submitted.ok:
-        raise SubmitError(f"sbatch refused the doctor's job: {(submitted.stderr or submitted.stdout).strip()}")
-    job_id = submitted.stdout.strip().split(";")[0]
+    job_id = batch.submit(sbatch_argv(nodes, time_limit, mem, out_dir, script, partition),
+                          "the doctor's job")
     print(f"doctor: job {job_id} on {nodes} node{'s' * (nodes > 1)} ({method}); waiting up to "
           f"{wait:g} s; output in {out_dir}", file=sys.stderr, flush=True)
-    ended, state = wait_for(job_id, wait)
+    ended, state = batch.wait_for(job_id, wait)
     if not ended:
         _proc.run(["scancel", job_id], timeout=30)
         raise LaunchError(f"doctor job {job_id} still {state or 'unknown'} after {wait:g} s: cancelled "

@@ -29,6 +29,7 @@ from hpc_train.job.supervise import StopForwarder, Watch, supervise
 from hpc_train.launch.allocation import Allocation, allocation_from_slurm, local_allocation
 from hpc_train.launch.argv import LaunchPlan, inherited, launch_argv, launcher_env
 from hpc_train.launch.identity import LAUNCH_ID_ENV
+from hpc_train.launch.horovod import horovod_env
 from hpc_train.launch.network import NETWORK_ENV, address_for
 from hpc_train.rundir import RunPaths
 from hpc_train.runtime import environment
@@ -37,6 +38,7 @@ from hpc_train.runtime.stop import DEADLINE_ENV, STALL_ENV, STOP_EXIT
 from hpc_train.spec import JobSpec, load_spec
 
 log = logging.getLogger("hpc_train.driver")
+WORKER = "hpc_train.job.worker"   # the ranks' entry point (`bench train` starts its own)
 
 
 def rendezvous_ports(job_id: str | None, tries: int = 10) -> list[int]:
@@ -111,7 +113,7 @@ def stop_deadline(spec: JobSpec, end: float | None) -> float | None:
 
 
 def launch_plan(spec: JobSpec, paths: RunPaths, allocation: Allocation, environ,
-                deadline: float | None = None) -> LaunchPlan:
+                deadline: float | None = None, worker: str = WORKER) -> LaunchPlan:
     launch = spec.launch
     if launch.method == "srun" and not under_slurm(environ):
         raise LaunchError("launch.method srun needs a Slurm allocation; outside Slurm (--local) "
@@ -129,6 +131,7 @@ def launch_plan(spec: JobSpec, paths: RunPaths, allocation: Allocation, environ,
         # One value per start of the ranks: a node's ranks recognise this start's staging.
         LAUNCH_ID_ENV: f"{environ.get('SLURM_JOB_ID', 'local')}-"
                        f"{environ.get('SLURM_RESTART_COUNT', '0')}-{os.getpid()}-{time.time():.0f}",
+        **horovod_env(spec.parallel.horovod, paths, int(environ.get("SLURM_RESTART_COUNT") or 0)),
         **launch.env,
     }
     if launch.network_interface:
@@ -137,7 +140,7 @@ def launch_plan(spec: JobSpec, paths: RunPaths, allocation: Allocation, environ,
         env[DEADLINE_ENV] = f"{deadline:.0f}"
     return LaunchPlan(
         flavour=launch.mpi, allocation=allocation, env=env,
-        worker=[sys.executable, "-m", "hpc_train.job.worker", str(paths.root)],
+        worker=[sys.executable, "-m", worker, str(paths.root)],
         extra_args=launch.extra_args, inherit=inherited(environ),
         as_root=os.geteuid() == 0, mpirun=path, method=launch.method, pmi=launch.pmi,
         cpus_per_task=spec.slurm.cpus_per_task, network_interface=launch.network_interface)

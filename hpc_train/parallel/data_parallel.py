@@ -9,11 +9,13 @@ parallel/pipeline/groups.py), so DDP can stand beside it and Horovod, dormant up
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 from typing import Any
 
 import torch
 
+from hpc_train.launch.horovod import read_knobs
 from hpc_train.launch.identity import RankInfo
 
 
@@ -21,6 +23,7 @@ class HorovodBackend:
     """Gradients averaged by `hvd.DistributedOptimizer`; accumulation via backward_passes_per_step."""
 
     name = "horovod"
+    compression = "none"   # what goes on the wire, as prepare() set it up
 
     def __init__(self, identity: RankInfo):
         import horovod.torch as hvd
@@ -31,6 +34,9 @@ class HorovodBackend:
         if (self.rank, self.size) != (identity.rank, identity.size):
             raise RuntimeError(f"Horovod sees rank {self.rank}/{self.size}, the launcher "
                                f"{identity.rank}/{identity.size}: mixed MPI installations?")
+        # What Horovod was told (parallel.horovod, or launch.env), in this rank's log.
+        logging.getLogger("hpc_train.parallel").info(
+            "horovod %d ranks, knobs %s", self.size, read_knobs(os.environ) or "Horovod's defaults")
 
     def prepare(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, *,
                 accumulation: int, compression: str) -> tuple[torch.nn.Module, Any]:
@@ -43,6 +49,7 @@ class HorovodBackend:
             optimizer, named_parameters=model.named_parameters(),
             compression=hvd.Compression.fp16 if compression == "fp16" else hvd.Compression.none,
             backward_passes_per_step=accumulation, op=hvd.Average)
+        self.compression = compression
         return model, optimizer
 
     def accumulate(self, model: torch.nn.Module, last_pass: bool):
@@ -67,6 +74,12 @@ def init_torch_distributed(rank: int, world: int, device: torch.device) -> None:
     rendezvous at MASTER_ADDR:MASTER_PORT (set by the driver)."""
     import torch.distributed as dist
 
+    if dist.is_initialized():
+        # One world per process: `bench train` builds several trainers in the same ranks.
+        if (dist.get_rank(), dist.get_world_size()) != (rank, world):
+            raise RuntimeError(f"torch.distributed already joined as rank {dist.get_rank()}/"
+                               f"{dist.get_world_size()}, asked for {rank}/{world}")
+        return
     addr = os.environ.get("MASTER_ADDR", "127.0.0.1")
     port = os.environ.get("MASTER_PORT", "29500")
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
@@ -106,6 +119,7 @@ class DdpBackend(TorchCollectives):
     """torch.distributed with ranks from the MPI launcher: NCCL on GPUs, Gloo on CPUs."""
 
     name = "ddp"
+    compression = "none"   # DDP sends the gradients as they are (the spec warns about fp16)
 
     def __init__(self, identity: RankInfo, device: torch.device):
         init_torch_distributed(identity.rank, identity.size, device)

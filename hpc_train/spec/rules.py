@@ -13,13 +13,13 @@ from hpc_train.launch.network import MPI_INTERFACE_VARS, RANK_INTERFACE_VARS
 from hpc_train.spec.pipeline_rules import PIPELINE_ERROR_RULES, PIPELINE_WARNING_RULES
 from hpc_train.spec.problems import Problem
 from hpc_train.spec.schema import JobSpec
+from hpc_train.spec.throughput_rules import THROUGHPUT_ERROR_RULES, THROUGHPUT_WARNING_RULES
 
 Rule = Callable[[JobSpec], list[Problem]]
 
 # Slurm's time-limit check runs about every 30 s, so a signal closer than that to the limit may
 # arrive after the job is already killed.
 SLURM_KILL_SLACK_S = 30
-MIN_GPU_BATCH = 32
 
 
 def _warn(key: str, given: str, rule: str, fix: str) -> Problem:
@@ -32,14 +32,6 @@ def hdf5_needs_path(spec: JobSpec) -> list[Problem]:
                         "HDF5 data needs the directory of its shards",
                         "set data.path: /path/to/shards, or data.kind: "
                         + ("synthetic" if spec.data.kind == "hdf5" else "text"))]
-    return []
-
-
-def compression_needs_horovod(spec: JobSpec) -> list[Problem]:
-    if spec.parallel.backend == "ddp" and spec.parallel.compression == "fp16":
-        return [Problem("parallel.compression", "'fp16' with parallel.backend 'ddp'",
-                        "gradient compression is a Horovod feature",
-                        "set parallel.backend: horovod, or parallel.compression: none")]
     return []
 
 
@@ -82,15 +74,6 @@ def idle_gpus(spec: JobSpec) -> list[Problem]:
                       f"{slurm.tasks_per_node} with slurm.gpus_per_node {slurm.gpus_per_node}",
                       f"{slurm.gpus_per_node - slurm.tasks_per_node} GPU(s) per node stay idle",
                       f"set slurm.tasks_per_node: {slurm.gpus_per_node}")]
-    return []
-
-
-def small_gpu_batch(spec: JobSpec) -> list[Problem]:
-    if spec.uses_gpu and spec.data.batch_size < MIN_GPU_BATCH:
-        return [_warn("data.batch_size", str(spec.data.batch_size),
-                      f"a per-rank batch under {MIN_GPU_BATCH} leaves the GPU mostly idle "
-                      "and makes batch-norm statistics noisy",
-                      "raise data.batch_size (it is per rank), or use parallel.accumulation")]
     return []
 
 
@@ -172,14 +155,13 @@ def pmi_needs_srun(spec: JobSpec) -> list[Problem]:
     return []
 
 
-ERROR_RULES: tuple[Rule, ...] = (hdf5_needs_path, compression_needs_horovod, signal_before_limit,
-                                 keep_every_needs_period, one_rank_per_gpu, one_network_setting,
-                                 stage_to_on_the_node,
-                                 *PIPELINE_ERROR_RULES)
-WARNING_RULES: tuple[Rule, ...] = (idle_gpus, small_gpu_batch, fixed_loss_scale_unused,
+ERROR_RULES: tuple[Rule, ...] = (hdf5_needs_path, signal_before_limit, keep_every_needs_period,
+                                 one_rank_per_gpu, one_network_setting, stage_to_on_the_node,
+                                 *PIPELINE_ERROR_RULES, *THROUGHPUT_ERROR_RULES)
+WARNING_RULES: tuple[Rule, ...] = (idle_gpus, fixed_loss_scale_unused,
                                    warmup_shorter_than_training, milestones_within_training,
                                    path_unused, pmi_needs_srun, stage_to_unused,
-                                   *PIPELINE_WARNING_RULES)
+                                   *PIPELINE_WARNING_RULES, *THROUGHPUT_WARNING_RULES)
 
 
 def check_spec(spec: JobSpec) -> tuple[list[Problem], list[Problem]]:

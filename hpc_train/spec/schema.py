@@ -201,11 +201,39 @@ class PipelineSpec:
 
 
 @dataclass(frozen=True)
+class HorovodSpec:
+    """Horovod's own performance knobs, passed to every rank as its HOROVOD_* variables
+    (launch/horovod.py); None leaves Horovod's default."""
+    fusion_threshold_mb: Optional[int] = spec_field(
+        None, doc="tensor fusion buffer in MiB (HOROVOD_FUSION_THRESHOLD): gradients ready in "
+        "the same cycle are packed into one allreduce up to this size; 0 turns fusion off",
+        ge=0, le=4096, example=64)
+    cycle_time_ms: Optional[float] = spec_field(
+        None, doc="milliseconds between Horovod's fusion cycles (HOROVOD_CYCLE_TIME): longer "
+        "packs more gradients per allreduce, shorter starts them sooner", gt=0, le=1000,
+        example=2.5)
+    hierarchical_allreduce: bool = spec_field(
+        False, doc="reduce within each node first, then across nodes "
+        "(HOROVOD_HIERARCHICAL_ALLREDUCE; Horovod implements it for NCCL, i.e. GPU jobs)")
+    timeline: bool = spec_field(
+        False, doc="record Horovod's timeline (HOROVOD_TIMELINE) into the run directory as "
+        "horovod-timeline.json (horovod-timeline-N.json after the Nth requeue); open it in "
+        "chrome://tracing or ui.perfetto.dev")
+    autotune: bool = spec_field(
+        False, doc="let Horovod tune fusion threshold, cycle time and hierarchical allreduce "
+        "while training (HOROVOD_AUTOTUNE; knobs set here stay fixed); its log is kept in the "
+        "run directory as horovod-autotune.csv")
+
+
+@dataclass(frozen=True)
 class ParallelSpec:
     backend: Literal["horovod", "ddp"] = spec_field("horovod", doc="data-parallel library")
     accumulation: int = spec_field(1, doc="backward passes per optimizer step", ge=1)
-    compression: Literal["none", "fp16"] = spec_field("none", doc="gradient compression (Horovod)")
+    compression: Literal["none", "fp16"] = spec_field(
+        "none", doc="gradient compression on the wire: fp16 halves the allreduce bytes "
+        "(Horovod's DistributedOptimizer; DDP ignores it, with a warning)")
     pipeline: PipelineSpec = field(default_factory=PipelineSpec)
+    horovod: HorovodSpec = field(default_factory=HorovodSpec)
 
 
 @dataclass(frozen=True)

@@ -102,7 +102,8 @@ class PipelineParts:
                 "model": StageWeights(self.engine.module), "optimizer": self.optimizer}},
             writes_files=self.engine.replica == 0)
 
-    def train_step(self, micro_batches) -> tuple[float, bool]:
+    def train_step(self, micro_batches, clock=None) -> tuple[float, bool]:
+        # `clock` (bench train's step marks) is not used: the pipeline's step is not broken down.
         (inputs, targets), = micro_batches      # accumulation is 1: micro-batches are the pipeline's
         loss, applied = self.engine.step(inputs, targets, self.optimizer, self.spec.optim.grad_clip)
         return (loss or 0.0), applied

@@ -31,6 +31,7 @@ from hpc_train.train.precision import Precision
 from hpc_train.train.schedule import LrSchedule
 from hpc_train.train.step import optimizer_step
 from hpc_train.train.tensorboard_log import TensorBoardLog
+from hpc_train.train.timing import NO_CLOCK
 
 log = logging.getLogger("hpc_train.trainer")
 
@@ -85,10 +86,10 @@ class DataParallelParts:
                         "precision": self.precision},
             per_rank={"buffers": ModelBuffers(self.model)})
 
-    def train_step(self, micro_batches) -> tuple[float, bool]:
+    def train_step(self, micro_batches, clock=NO_CLOCK) -> tuple[float, bool]:
         """One optimizer step: (this rank's loss, whether the step was applied)."""
         return optimizer_step(self.model, self.optimizer, micro_batches, self.criterion,
-                              self.precision, self.backend, self.spec.optim.grad_clip)
+                              self.precision, self.backend, self.spec.optim.grad_clip, clock)
 
     def loss_terms(self, window: Window) -> list[float]:
         """This rank's share of the logged mean loss: [loss sum, steps it counts]."""
@@ -122,8 +123,9 @@ class Trainer:
     provide the model, its step, evaluation and their checkpointed components."""
 
     def __init__(self, spec, paths: RunPaths, identity: RankInfo, stop: StopFlag | None = None,
-                 heartbeat=None, parts_factory=DataParallelParts, data_root=None):
+                 heartbeat=None, parts_factory=DataParallelParts, data_root=None, clock=NO_CLOCK):
         self.spec, self.paths, self.identity = spec, paths, identity
+        self.clock = clock   # marks each step's parts for `bench train`; training's does nothing
         self.spec_dict = spec_to_dict(spec)
         self.stop = stop
         self.heartbeat = heartbeat or NoHeartbeat()
@@ -171,6 +173,14 @@ class Trainer:
     def total_steps(self) -> int:
         total = self.steps_per_epoch * self.spec.optim.epochs
         return min(total, self.spec.optim.max_steps or total)
+
+    def train_steps(self, count: int, checkpoints: Checkpointing) -> None:
+        """`count` more optimizer steps (fewer at total_steps), across epoch ends: fit()'s loop
+        without its start and end, for `bench train`."""
+        until = min(self.step + count, self.total_steps)
+        while self.step < until:
+            epoch, done_in_epoch = divmod(self.step, self.steps_per_epoch)
+            self.train_epoch(epoch, done_in_epoch, checkpoints, until)
 
     def fit(self) -> None:
         """Train to total_steps, resuming from the latest checkpoint; raises StopForRequeue."""
@@ -231,24 +241,29 @@ class Trainer:
                 yield group
                 group = []
 
-    def train_epoch(self, epoch: int, done_in_epoch: int, checkpoints: Checkpointing) -> None:
-        """The rest of `epoch` from step `done_in_epoch` on: the sampler skips what was trained."""
+    def train_epoch(self, epoch: int, done_in_epoch: int, checkpoints: Checkpointing,
+                    until: int | None = None) -> None:
+        """The rest of `epoch` from step `done_in_epoch` on (up to step `until`, default
+        total_steps): the sampler skips what was trained."""
+        until = self.total_steps if until is None else until
         self.sampler.set_epoch(epoch, self.consumed_in_epoch(done_in_epoch))
         self.model.train()
         window = Window()
         steps = self._micro_batches(self.train_loader)
         for in_epoch in range(done_in_epoch, self.steps_per_epoch):
-            if self.step >= self.total_steps:
+            if self.step >= until:
                 break
             # The step this rank works on: a rank stuck between steps stays behind the others,
             # which wait for it inside the next one (the watchdog names it that way).
             self.heartbeat.progress(step=self.step + 1, phase="data")
+            self.clock.mark("start")
             fetch_start = time.perf_counter()
             micro_batches = next(steps)
             data_seconds = time.perf_counter() - fetch_start
+            self.clock.mark("data")
             self.heartbeat.progress(phase="train")
             lr = self.schedule.apply(self.optimizer, self.step)
-            loss, applied = self.parts.train_step(micro_batches)
+            loss, applied = self.parts.train_step(micro_batches, self.clock)
             self.progress.step += 1
             self.faults.at_step(self.step)
             window.add(loss, data_seconds, applied)
@@ -259,6 +274,7 @@ class Trainer:
             if epoch_end and self.val_loader is not None:
                 self.evaluate(epoch)
             checkpoints.after_step(epoch_end)
+            self.clock.mark("end")
 
     def _log(self, epoch: int, lr: float, window: Window) -> None:
         # One small collective per logged step: the mean loss over all ranks.

@@ -192,7 +192,6 @@ def _replace(s: JobSpec, section: str, **changes) -> JobSpec:
 
 @pytest.mark.parametrize("section, changes, expected", [
     ("data", {"kind": "hdf5"}, "data.path: null with data.kind 'hdf5'"),
-    ("parallel", {"backend": "ddp", "compression": "fp16"}, "set parallel.backend: horovod"),
     ("slurm", {"time": "00:02:00", "signal_seconds": 90}, "lower slurm.signal_seconds below 90"),
     ("checkpoint", {"every_minutes": None, "keep_every": 100}, "checkpoint.keep_every: 100"),
     ("slurm", {"gpus_per_node": 2, "tasks_per_node": 4}, "set slurm.tasks_per_node: 2"),
@@ -203,9 +202,10 @@ def test_error_rules(section, changes, expected):
 
 
 def test_error_rules_stop_loading():
-    (line,) = problems_of({"run": {"name": "t"}, "parallel": {"backend": "ddp"}},
-                          ["parallel.compression=fp16"])
-    assert "compression is a Horovod feature" in line
+    (line,) = problems_of({"run": {"name": "t"}, "launch": {"env": {"HOROVOD_CYCLE_TIME": "5"}}},
+                          ["parallel.horovod.cycle_time_ms=2"])
+    assert line.startswith("launch.env.HOROVOD_CYCLE_TIME: '5' is not allowed: parallel.horovod "
+                           "sets HOROVOD_CYCLE_TIME already. Fix: remove launch.env.HOROVOD_CYCLE_TIME")
 
 
 def test_signal_just_inside_the_limit_is_fine():

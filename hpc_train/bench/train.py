@@ -1,0 +1,165 @@
+"""`bench train [SPEC]`: the spec's model under each configuration of a matrix (backend,
+precision, compression, ranks, accumulation, synthetic or the spec's own data), through the
+driver's launcher and the real Trainer, against a bare PyTorch loop, with the gradient
+allreduce of Horovod and DDP against raw MPI, measured in the same run.
+
+From a login node, `--submit` sends the whole benchmark as one Slurm job shaped by the spec
+(nodes, tasks, GPUs, partition, setup lines) and prints where its report will be; inside an
+allocation it runs directly, and outside any it runs on this host (mpirun). Everything goes to
+a bench directory under the spec's run.root: bench-<name>-<stamp>/ with spec.yaml, plan.json,
+configs/<name>/ (each configuration's spec and the trainer's own metrics), logs/, results/ and
+report.json, report.md, report.png.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import shutil
+import sys
+import time
+from pathlib import Path
+
+from hpc_train.bench import train_plan, train_report
+from hpc_train.errors import HpcTrainError
+from hpc_train.rundir import RunPaths
+
+DEFAULT_SPEC = "jobs/smoke.yaml"
+PLAN, REPORT_JSON, REPORT_MD, REPORT_PNG, OUTPUT = ("plan.json", "report.json", "report.md",
+                                                   "report.png", "bench.out")
+NOT_FOR_THE_BENCH_JOB = ("signal", "requeue", "open-mode")   # it neither checkpoints nor requeues
+CHUNK = 5   # steps of a trainer, then of its bare baseline, in turn: both see the same load
+
+
+def matrix_from(args) -> train_plan.Matrix:
+    """The default matrix with each list option given on the command line instead."""
+    d, tp = train_plan.Matrix(), train_plan
+
+    def given(text, allowed, option, default):
+        return tp.parse_list(text, allowed, option) if text else default
+
+    def counts(text, option, default):
+        return tp.parse_counts(text, option) if text else default
+
+    return tp.Matrix(backends=given(args.backends, tp.BACKENDS, "--backends", d.backends),
+                     precisions=given(args.precisions, tp.PRECISIONS, "--precisions", d.precisions),
+                     compressions=given(args.compressions, tp.COMPRESSIONS, "--compressions",
+                                        d.compressions),
+                     ranks=counts(args.ranks, "--ranks", d.ranks),
+                     accumulations=counts(args.accumulation, "--accumulation", d.accumulations),
+                     data=given(args.data, tp.DATA_KINDS, "--data", d.data), bare=not args.no_bare)
+
+
+def load_bench_spec(spec_file: str, overrides: list[str]):
+    """The checked spec (warnings to stderr) with absolute paths; pipelines are refused."""
+    from hpc_train.spec import validate_spec_file
+    from hpc_train.spec.paths import resolve_paths
+
+    spec, warnings = validate_spec_file(spec_file, overrides)
+    for warning in warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    if spec.uses_pipeline or spec.model.name == "gpt":
+        raise HpcTrainError("bench train measures data-parallel image models; for pipeline stages "
+                            "use `python -m hpc_train bench pipeline`")
+    return resolve_paths(spec)
+
+
+def make_plan(args, spec, spec_file: str) -> dict:
+    configs = train_plan.configurations(matrix_from(args), spec.world_size,
+                                        real_data=spec.data.kind != "synthetic")
+    launches = train_plan.launches(configs, args.rounds)
+    if not args.no_allreduce and spec.world_size > 1:
+        last_full = max(i for i, launch in enumerate(launches) if launch["ranks"] == spec.world_size)
+        launches[last_full]["allreduce"] = True
+    return {"settings": {"spec": spec_file, "model": spec.model.name, "batch_size": spec.data.batch_size,
+                         "image_size": spec.data.image_size, "world_size": spec.world_size,
+                         "hosts": spec.slurm.nodes, "launcher": spec.launch.method,
+                         "warmup": args.warmup, "steps": args.steps, "rounds": args.rounds,
+                         "command": "python -m hpc_train " + shlex.join(sys.argv[1:])},
+            "warmup": args.warmup, "steps": args.steps, "chunk": CHUNK, "gpu": spec.uses_gpu,
+            "allreduce": {"model": args.allreduce_model, "repetitions": args.allreduce_repetitions,
+                          "rounds": args.allreduce_rounds},
+            "configs": [c.as_dict() for c in configs], "launches": launches}
+
+
+def prepare(args) -> Path:
+    """A new bench directory holding the spec, the plan and every configuration's spec."""
+    from hpc_train.spec import dump_spec_yaml, load_spec
+
+    spec_file = args.spec or DEFAULT_SPEC
+    spec = load_bench_spec(spec_file, args.overrides)
+    plan = make_plan(args, spec, spec_file)
+    paths = RunPaths.new(spec.run.root, f"bench-{spec.run.name}")
+    paths.spec.write_text(dump_spec_yaml(spec))
+    samples = spec.data.batch_size
+    for config in plan["configs"]:
+        fields = {k: v for k, v in config.items() if k != "name"}
+        overrides = train_plan.config_overrides(train_plan.Config(**fields), spec.world_size,
+                                                samples, args.warmup + args.steps)
+        config_paths = RunPaths(paths.root / "configs" / config["name"])
+        config_paths.root.mkdir(parents=True)
+        config_paths.spec.write_text(dump_spec_yaml(load_spec(paths.spec, overrides)))
+    (paths.root / PLAN).write_text(json.dumps(plan, indent=1))
+    return paths.root
+
+
+def submit_job(root: Path, time_limit: str) -> str:
+    from hpc_train.slurm import batch
+    from hpc_train.slurm.script import sbatch_options, setup_lines
+    from hpc_train.spec import load_spec
+
+    spec = load_spec(RunPaths(root).spec)
+    options = {k: v for k, v in sbatch_options(spec, str(root / OUTPUT)).items()
+               if k not in NOT_FOR_THE_BENCH_JOB}
+    options.update({"job-name": f"bench-{spec.run.name}", "time": time_limit})
+    script = root / "bench.sbatch"
+    command = [sys.executable, "-m", "hpc_train", "bench", "train", "--in-run", str(root)]
+    script.write_text(batch.script_text(command, setup_lines(spec),
+                                        "Written by `python -m hpc_train bench train --submit`."))
+    return batch.submit(batch.sbatch_argv(options, script), "the benchmark's job")
+
+
+def run_prepared(root: Path) -> dict:
+    """Run every launch of the plan here (in this allocation, or on this host); the report."""
+    from hpc_train.bench.train_launch import run_all
+    from hpc_train.spec import load_spec
+
+    plan = json.loads((root / PLAN).read_text())
+    spec = load_spec(RunPaths(root).spec)
+    started = time.time()
+    run_all(spec, root, plan)
+    results = [json.loads(p.read_text()) for p in sorted((root / "results").glob("launch-*/rank-*.json"))]
+    report = train_report.build(plan, results)
+    report["settings"]["seconds"] = round(time.time() - started, 1)
+    (root / REPORT_JSON).write_text(json.dumps(report, indent=1))
+    (root / REPORT_MD).write_text(train_report.markdown(report))
+    train_report.save_png(report, root / REPORT_PNG)
+    return report
+
+
+def main(args) -> int:
+    if args.gpu_protocol:
+        from hpc_train.bench import gpu
+
+        return gpu.main(gpu.default_args())
+    root = Path(args.in_run).resolve() if args.in_run else prepare(args)
+    if args.submit:
+        try:
+            job_id = submit_job(root, args.time)
+        except HpcTrainError:
+            shutil.rmtree(root, ignore_errors=True)   # nothing submitted: leave nothing behind
+            raise
+        print(f"job id:    {job_id}")
+        print(f"bench dir: {root}")
+        print(f"report:    {root / REPORT_MD} (and {REPORT_JSON}, {REPORT_PNG}) when the job ends; "
+              f"its output: {root / OUTPUT}")
+        return 0
+    report = run_prepared(root)
+    if args.json:
+        print(json.dumps(report, indent=1))
+    elif sys.stdout.isatty():
+        train_report.print_table(report)
+    else:  # a job's output file, a pipe: Markdown, as docs/benchmarks.md records it
+        print(train_report.markdown(report))
+    print(f"report: {root / REPORT_MD}, {root / REPORT_JSON}, {root / REPORT_PNG}", file=sys.stderr)
+    return 0

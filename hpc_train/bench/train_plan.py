@@ -1,0 +1,154 @@
+"""`bench train`'s matrix: the configurations, the spec each one runs, and the launches that run
+them in alternating rounds (pure functions; no torch).
+
+A configuration is the trainer (`kind` "trainer": the real Trainer on the spec's model) or the
+bare loop (`kind` "bare": the same model, batch, precision and backend in a plain PyTorch loop,
+the baseline of the trainer's overhead), with a backend, precision, compression, rank count,
+accumulation and data source. One launch runs every configuration of one rank count once, a
+trainer and its bare baseline interleaved; the rounds alternate the order of launches and of
+configurations within them (reversed every other round), so load from other work on a shared
+machine falls on all of them alike.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from hpc_train.errors import HpcTrainError
+
+BACKENDS, PRECISIONS, COMPRESSIONS = ("ddp", "horovod"), ("fp32", "fp16", "bf16"), ("none", "fp16")
+DATA_KINDS = ("synthetic", "real")
+
+
+@dataclass(frozen=True)
+class Config:
+    kind: str            # "trainer" | "bare"
+    backend: str
+    precision: str
+    compression: str
+    ranks: int
+    accumulation: int
+    data: str            # "synthetic" | "real" (the spec's own data)
+
+    @property
+    def name(self) -> str:
+        """Unique, and a directory name: configs/<name>/ holds its spec and metrics."""
+        return (f"{self.kind}-{self.backend}-{self.precision}-c{self.compression}-"
+                f"a{self.accumulation}-n{self.ranks}-{self.data}")
+
+    def as_dict(self) -> dict:
+        return {**asdict(self), "name": self.name}
+
+
+@dataclass(frozen=True)
+class Matrix:
+    backends: tuple[str, ...] = BACKENDS
+    precisions: tuple[str, ...] = ("fp32", "fp16")
+    compressions: tuple[str, ...] = COMPRESSIONS
+    ranks: tuple[int, ...] = ()          # () = 1 and the spec's world size
+    accumulations: tuple[int, ...] = (1,)
+    data: tuple[str, ...] = DATA_KINDS
+    bare: bool = True
+
+
+def parse_list(text: str, allowed: tuple[str, ...], option: str) -> tuple[str, ...]:
+    items = tuple(dict.fromkeys(part.strip() for part in text.split(",") if part.strip()))
+    bad = [item for item in items if item not in allowed]
+    if not items or bad:
+        raise HpcTrainError(f"{option} {text!r}: comma-separated values from {', '.join(allowed)}")
+    return items
+
+
+def parse_counts(text: str, option: str) -> tuple[int, ...]:
+    try:
+        counts = tuple(sorted({int(part) for part in text.split(",") if part.strip()}))
+    except ValueError:
+        counts = ()
+    if not counts or counts[0] < 1:
+        raise HpcTrainError(f"{option} {text!r}: comma-separated whole numbers >= 1")
+    return counts
+
+
+def configurations(matrix: Matrix, world_size: int, real_data: bool) -> list[Config]:
+    """Every configuration of the matrix for a spec of `world_size` ranks. Compression applies to
+    Horovod only (DDP ignores it); the bare loop runs once per backend, precision and rank count
+    (no compression or accumulation, synthetic data) as the trainer's baseline. `real_data`:
+    whether the spec reads files (else "real" would repeat "synthetic")."""
+    ranks = matrix.ranks or tuple(sorted({1, world_size}))
+    if bad := [n for n in ranks if n > world_size]:
+        raise HpcTrainError(f"--ranks {bad}: more than the spec's {world_size} ranks (the allocation)")
+    data = [d for d in matrix.data if d == "synthetic" or real_data]
+    if not data:
+        raise HpcTrainError("--data real: this spec's data is synthetic; use --data synthetic")
+    configs = []
+    for n in ranks:
+        for source in data:
+            for backend in matrix.backends:
+                for precision in matrix.precisions:
+                    for compression in matrix.compressions:
+                        if compression != "none" and backend != "horovod":
+                            continue
+                        for accumulation in matrix.accumulations:
+                            configs.append(Config("trainer", backend, precision, compression, n,
+                                                  accumulation, source))
+        if matrix.bare:
+            configs += [Config("bare", backend, precision, "none", n, 1, "synthetic")
+                        for backend in matrix.backends for precision in matrix.precisions]
+    return configs
+
+
+def twin(bare: Config, configs: list[Config]) -> Config | None:
+    """The trainer configuration a bare loop is the baseline of: same backend, precision and
+    ranks, synthetic data, no compression, accumulation 1."""
+    for c in configs:
+        if (c.kind, c.backend, c.precision, c.ranks, c.data, c.compression, c.accumulation) == \
+                ("trainer", bare.backend, bare.precision, bare.ranks, "synthetic", "none", 1):
+            return c
+    return None
+
+
+def units(configs: list[Config]) -> list[list[str]]:
+    """What a launch runs, in order: a trainer configuration with its bare-loop baseline as a
+    pair (their steps interleaved in short chunks: the overhead ratio is then measured under
+    the same load, second by second), every other configuration alone."""
+    bare_of = {}
+    for c in configs:
+        if c.kind == "bare" and (trainer := twin(c, configs)) is not None:
+            bare_of[trainer.name] = c.name
+    paired = set(bare_of.values())
+    return [[c.name, bare_of[c.name]] if c.name in bare_of else [c.name]
+            for c in configs if c.name not in paired]
+
+
+def launches(configs: list[Config], rounds: int) -> list[dict]:
+    """The launches in order: each round runs every rank count once (one launch each), the
+    order of launches and of units within them reversed every other round."""
+    counts = sorted({c.ranks for c in configs})
+    plan = []
+    for round_ in range(rounds):
+        flip = round_ % 2 == 1
+        for n in reversed(counts) if flip else counts:
+            order = units([c for c in configs if c.ranks == n])
+            plan.append({"id": len(plan), "round": round_, "ranks": n,
+                         "units": list(reversed(order)) if flip else order})
+    return plan
+
+
+def config_overrides(config: Config, world_size: int, samples_per_rank_step: int,
+                     steps: int) -> list[str]:
+    """`--set` overrides that turn the spec into this configuration's. One rank out of several
+    runs on one node with one task. Synthetic data gets enough samples that the measured steps
+    fit in one epoch (no evaluation, no epoch-end checkpoint among them) and no validation."""
+    overrides = [f"parallel.backend={config.backend}", f"precision.mode={config.precision}",
+                 f"parallel.compression={config.compression}",
+                 f"parallel.accumulation={config.accumulation}", "optim.max_steps=null"]
+    if config.ranks != world_size:
+        if config.ranks != 1:
+            raise HpcTrainError(f"--ranks {config.ranks}: only 1 and the whole allocation "
+                                f"({world_size}) are laid out by the benchmark")
+        overrides += ["slurm.nodes=1", "slurm.tasks_per_node=1"]
+    if config.data == "synthetic":
+        samples = samples_per_rank_step * config.accumulation * config.ranks * (steps + 2)
+        overrides += ["data.kind=synthetic", "data.path=null", f"data.train_samples={samples}",
+                      "data.val_samples=0"]
+    return overrides

@@ -1,0 +1,229 @@
+"""`bench train`'s report from the ranks' results (pure), and its forms: a terminal table,
+Markdown, a PNG.
+
+Per configuration: the median step over the timed steps of every round (each rank's median; the
+slowest rank sets the pace), images/s = samples per step / that step, the time of one ImageNet
+epoch at that rate, scaling efficiency against the same configuration on one rank, the median
+breakdown of a step (mean over ranks), and the peak memory (largest rank). Then the two ratios:
+the trainer's step against the bare loop's (same backend, precision, ranks; synthetic data,
+no compression or accumulation), and each allreduce's bandwidth against raw MPI's.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+from hpc_train.train.timing import PARTS
+
+IMAGENET_TRAIN_IMAGES = 1_281_167
+OVERHEAD_TARGET = 0.03          # the trainer's step at most 3 % over the bare loop's
+ALLREDUCE_TARGET = 0.9          # Horovod's and DDP's gradient allreduce at least 0.9 of MPI's
+ALLREDUCE_CHECKED = ("horovod gradients", "ddp buckets")
+PART_LABELS = {"data": "data", "compute": "fwd+bwd", "comm": "exposed comm", "optimizer": "optimizer",
+               "other": "other"}
+SAME_EXCEPT_RANKS = ("kind", "backend", "precision", "compression", "accumulation", "data")
+
+
+def _median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def config_row(config: dict, runs: list[dict]) -> dict:
+    """One configuration's row from its results on every rank of every round (`runs`)."""
+    per_rank: dict[int, list[dict]] = {}
+    for run in runs:
+        per_rank.setdefault(run["rank"], []).extend(run["steps"])
+    steps = {rank: _median([s["step"] for s in found]) for rank, found in per_rank.items() if found}
+    step = max(steps.values()) if steps else None
+    parts = {part: statistics.fmean(_median([s[part] for s in found]) for found in per_rank.values() if found)
+             for part in PARTS} if steps else {part: None for part in PARTS}
+    rounds = {}
+    for run in runs:
+        if run["rank"] == 0 and run["steps"]:
+            rounds[run["round"]] = _median([s["step"] for s in run["steps"]])
+    recorded = [run["recorded"] for run in runs]
+    first = recorded[0] if recorded else {}
+    samples = first.get("samples_per_step")
+    rate = samples / step if samples and step else None
+    return {**config, "recorded": first,
+            "ranks_agree": all(r == first for r in recorded),
+            "step_s": step, "images_per_s": rate,
+            "epoch_hours": IMAGENET_TRAIN_IMAGES / rate / 3600 if rate else None,
+            "parts_s": parts, "round_step_s": [rounds[r] for r in sorted(rounds)],
+            "timed_steps": sum(len(run["steps"]) for run in runs if run["rank"] == 0),
+            "peak_memory_bytes": max((run["peak_memory_bytes"] for run in runs), default=None),
+            "peak_memory_source": runs[0]["peak_memory_source"] if runs else None}
+
+
+def add_scaling(rows: list[dict]) -> None:
+    """efficiency = images/s on N ranks / (N x images/s of the same configuration on 1 rank)."""
+    single = {tuple(r[k] for k in SAME_EXCEPT_RANKS): r for r in rows if r["ranks"] == 1}
+    for row in rows:
+        base = single.get(tuple(row[k] for k in SAME_EXCEPT_RANKS))
+        ok = base and base["images_per_s"] and row["images_per_s"]
+        row["scaling_efficiency"] = row["images_per_s"] / (row["ranks"] * base["images_per_s"]) if ok else None
+
+
+def overheads(rows: list[dict]) -> list[dict]:
+    bare = {(r["backend"], r["precision"], r["ranks"]): r for r in rows if r["kind"] == "bare"}
+    out = []
+    for row in rows:
+        if (row["kind"], row["data"], row["compression"], row["accumulation"]) != ("trainer", "synthetic", "none", 1):
+            continue
+        base = bare.get((row["backend"], row["precision"], row["ranks"]))
+        if base is None or not base["step_s"] or not row["step_s"]:
+            continue
+        # Each round's trainer median against the bare loop's of the same round (they ran
+        # interleaved), then the median over rounds: load that differs between rounds cancels.
+        per_round = [t / b - 1 for t, b in zip(row["round_step_s"], base["round_step_s"]) if t and b]
+        overhead = statistics.median(per_round) if per_round else row["step_s"] / base["step_s"] - 1
+        out.append({"backend": row["backend"], "precision": row["precision"], "ranks": row["ranks"],
+                    "trainer_step_s": row["step_s"], "bare_step_s": base["step_s"],
+                    "overhead": overhead, "overhead_per_round": per_round,
+                    "overhead_pooled": row["step_s"] / base["step_s"] - 1,
+                    "within_target": overhead <= OVERHEAD_TARGET,
+                    "trainer_parts_s": row["parts_s"], "bare_parts_s": base["parts_s"]})
+    return out
+
+
+def allreduce_rows(measured: dict | None) -> list[dict]:
+    """Bandwidth of each method and its ratio to mpi4py's, from rank 0's medians."""
+    if not measured:
+        return []
+    seconds = measured["seconds"]
+    reference = measured["bytes"] / seconds["mpi4py"]
+    rows = []
+    for method, value in seconds.items():
+        bandwidth = measured["bytes"] / value
+        rows.append({"method": method, "seconds": value, "algbw_gb_s": bandwidth / 1e9,
+                     "vs_mpi": bandwidth / reference,
+                     "target": ALLREDUCE_TARGET if method in ALLREDUCE_CHECKED else None,
+                     "within_target": bandwidth / reference >= ALLREDUCE_TARGET
+                     if method in ALLREDUCE_CHECKED else None})
+    return rows
+
+
+def build(plan: dict, results: list[dict]) -> dict:
+    """The report: `results` are the ranks' result files of every launch."""
+    runs: dict[str, list[dict]] = {}
+    allreduce = None
+    for result in results:
+        for run in result["configs"]:
+            runs.setdefault(run["name"], []).append({**run, "rank": result["rank"],
+                                                     "round": result["round"], "host": result["host"]})
+        if result.get("allreduce") and result["rank"] == 0:
+            allreduce = result["allreduce"]
+    rows = [config_row(config, runs.get(config["name"], [])) for config in plan["configs"]]
+    add_scaling(rows)
+    return {"settings": plan["settings"], "rows": rows, "overhead": overheads(rows),
+            "allreduce": {"measured": allreduce, "rows": allreduce_rows(allreduce)},
+            "missing": [r["name"] for r in rows if r["step_s"] is None]}
+
+
+# ---------------------------------------------------------------- forms
+
+
+def _num(value, fmt: str, scale: float = 1.0) -> str:
+    return "-" if value is None else format(value * scale, fmt)
+
+
+COLUMNS = ("configuration", "ranks", "data", "images/s", "ImageNet epoch h", "scaling",
+           "step ms", "data ms", "fwd+bwd ms", "comm ms", "optimizer ms", "other ms", "peak MB")
+
+
+def table_rows(report: dict) -> list[list[str]]:
+    lines = []
+    for r in report["rows"]:
+        name = f"{r['kind']} {r['backend']} {r['precision']}"
+        if r["compression"] != "none":
+            name += f" +{r['compression']} compression"
+        if r["accumulation"] != 1:
+            name += f" accum {r['accumulation']}"
+        p = r["parts_s"]
+        lines.append([name, str(r["ranks"]), r["data"], _num(r["images_per_s"], ".0f"),
+                      _num(r["epoch_hours"], ".1f"), _num(r["scaling_efficiency"], ".2f"),
+                      _num(r["step_s"], ".1f", 1e3), *(_num(p[k], ".1f", 1e3) for k in PARTS),
+                      _num(r["peak_memory_bytes"], ".0f", 2 ** -20)])
+    return lines
+
+
+def overhead_lines(report: dict) -> list[str]:
+    return [f"trainer vs bare loop, {o['backend']} {o['precision']} on {o['ranks']} rank(s): "
+            f"{o['trainer_step_s'] * 1e3:.1f} vs {o['bare_step_s'] * 1e3:.1f} ms per step, overhead "
+            f"{o['overhead']:+.1%} (median of rounds {', '.join(f'{r:+.1%}' for r in o['overhead_per_round'])}; "
+            f"target <= {OVERHEAD_TARGET:.0%}: {'yes' if o['within_target'] else 'NO'})"
+            for o in report["overhead"]]
+
+
+def allreduce_lines(report: dict) -> list[str]:
+    measured = report["allreduce"]["measured"]
+    if not measured:
+        return []
+    head = (f"allreduce of {measured['model']}'s gradients ({measured['parameters'] / 1e6:.1f}M float32, "
+            f"{measured['bytes'] / 2 ** 20:.0f} MiB), {measured['device']}, torch.distributed "
+            f"{measured['torch_backend']}, median of {measured['repetitions']} x {measured['rounds']}:")
+    lines = [head]
+    for row in report["allreduce"]["rows"]:
+        verdict = "" if row["target"] is None else \
+            f" (target >= {row['target']}: {'yes' if row['within_target'] else 'NO'})"
+        lines.append(f"  {row['method']}: {row['seconds'] * 1e3:.1f} ms, {row['algbw_gb_s']:.2f} GB/s, "
+                     f"{row['vs_mpi']:.2f} of mpi4py{verdict}")
+    return lines
+
+
+def header(report: dict) -> str:
+    s = report["settings"]
+    return (f"bench train: {s['spec']} ({s['model']}, batch {s['batch_size']} per rank, "
+            f"{s['image_size']} px), {s['launcher']}, {s['hosts']} host(s); {s['warmup']} warm-up + "
+            f"{s['steps']} timed steps x {s['rounds']} round(s)")
+
+
+def markdown(report: dict) -> str:
+    rule = ["---"] * len(COLUMNS)
+    table = ["| " + " | ".join(cells) + " |" for cells in (list(COLUMNS), rule, *table_rows(report))]
+    parts = [header(report), "", *table, "", *(f"- {line}" for line in overhead_lines(report)), ""]
+    if report["allreduce"]["measured"]:
+        parts += ["```", *allreduce_lines(report), "```", ""]
+    if report["missing"]:
+        parts.append(f"missing (no timed steps): {', '.join(report['missing'])}")
+    return "\n".join(parts)
+
+
+def print_table(report: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(*COLUMNS, title=header(report))
+    for line in table_rows(report):
+        table.add_row(*line)
+    console = Console()
+    console.print(table)
+    for line in overhead_lines(report) + allreduce_lines(report):
+        console.print(line, highlight=False)
+
+
+def save_png(report: dict, path) -> None:
+    """Images/s per configuration, and its step split into data, fwd+bwd, comm, optimizer, other."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+
+    rows = [r for r in report["rows"] if r["step_s"]]
+    labels = [f"{line[0]} n{line[1]} {line[2]}" for line in table_rows({**report, "rows": rows})]
+    figure = Figure(figsize=(14, 0.35 * len(rows) + 2), layout="constrained")
+    rate, split = figure.subplots(1, 2, sharey=True)
+    positions = list(range(len(rows)))
+    rate.barh(positions, [r["images_per_s"] for r in rows], color="tab:blue")
+    rate.set_yticks(positions, labels, fontsize=7)
+    rate.invert_yaxis()
+    rate.set_xlabel("images/s")
+    left = [0.0] * len(rows)
+    for part in PARTS:
+        widths = [(r["parts_s"][part] or 0.0) * 1e3 for r in rows]
+        split.barh(positions, widths, left=left, label=PART_LABELS[part])
+        left = [a + b for a, b in zip(left, widths)]
+    split.set_xlabel("ms per step (median)")
+    split.legend(fontsize=7)
+    figure.suptitle(header(report), fontsize=9)
+    figure.savefig(path, dpi=110)

@@ -1,0 +1,52 @@
+"""Horovod's knobs (`parallel.horovod` in the spec) as the environment of every rank (pure).
+
+Horovod reads its tuning from HOROVOD_* variables when `hvd.init()` starts its background
+thread, so the driver passes them to the ranks like any other launch variable (`-x` for mpirun,
+srun's environment). The timeline and the autotune log are files of the run directory, one per
+run of the job: a requeued run writes its own instead of truncating the first one's.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from hpc_train.rundir import RunPaths
+
+FUSION, CYCLE = "HOROVOD_FUSION_THRESHOLD", "HOROVOD_CYCLE_TIME"
+HIERARCHICAL = "HOROVOD_HIERARCHICAL_ALLREDUCE"
+TIMELINE, AUTOTUNE, AUTOTUNE_LOG = "HOROVOD_TIMELINE", "HOROVOD_AUTOTUNE", "HOROVOD_AUTOTUNE_LOG"
+# Every variable a knob can set: the spec key owns it, so launch.env may not set it as well.
+KNOB_VARS = (FUSION, CYCLE, HIERARCHICAL, TIMELINE, AUTOTUNE, AUTOTUNE_LOG)
+MIB = 1024 * 1024
+
+
+def horovod_env(knobs, paths: RunPaths, restart: int = 0) -> dict[str, str]:
+    """The HOROVOD_* variables for the knobs that are set (`knobs`: a spec's HorovodSpec).
+
+    Horovod keeps the fusion threshold in whole MiB (it divides the bytes by 2**20), hence an
+    integer number of MiB in the spec. Knobs left at None are not exported: Horovod's default
+    applies, or the value launch.env gives the variable.
+    """
+    env: dict[str, str] = {}
+    if knobs.fusion_threshold_mb is not None:
+        env[FUSION] = str(knobs.fusion_threshold_mb * MIB)
+    if knobs.cycle_time_ms is not None:
+        env[CYCLE] = f"{knobs.cycle_time_ms:g}"
+    if knobs.hierarchical_allreduce:
+        env[HIERARCHICAL] = "1"
+    if knobs.timeline:
+        env[TIMELINE] = str(paths.horovod_timeline(restart))
+    if knobs.autotune:
+        env[AUTOTUNE] = "1"
+        env[AUTOTUNE_LOG] = str(paths.horovod_autotune_log(restart))
+    return env
+
+
+def knob_vars(knobs) -> list[str]:
+    """The variables these knobs set (the same names whatever the run directory)."""
+    return sorted(horovod_env(knobs, RunPaths(Path(".")), 0))
+
+
+def read_knobs(environ) -> dict[str, str]:
+    """The knob variables a rank sees, as it records them (benchmarks, tests)."""
+    return {name: environ[name] for name in KNOB_VARS if name in environ}

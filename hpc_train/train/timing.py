@@ -1,0 +1,120 @@
+"""Where a training step's time goes: named marks at the step's boundaries, read afterwards.
+
+Training uses NO_CLOCK, whose marks do nothing. `bench train` gives the trainer a StepClock: on
+a CPU a mark reads perf_counter(); on a GPU it records a CUDA event on the current stream and
+nothing waits for it (the benchmark reads the times after the steps), so a mark says when the
+GPU reached that point, not when Python queued the work. No mark synchronises anything.
+
+The marks of one step, in order (`breakdown` turns them into durations):
+
+    start      before the batch is fetched
+    data       the batch is on the device
+    grads      DDP only: the last gradient bucket is ready and its reduction started
+    backward   backward returned (DDP waits for its bucket reductions inside it)
+    reduced    Horovod only: optimizer.synchronize() returned (gradients averaged)
+    optimizer  the optimizer step and zero_grad are done
+    end        the loop's own work after the step (logging, checkpoint agreement) is done
+
+Exposed communication is the part of the gradient reduction not hidden behind backward: from
+the last gradient to the averaged gradients (DDP: grads -> backward; Horovod: backward ->
+reduced, since its reductions run in a background thread while backward computes).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+# No torch at import: the report (bench/train_report.py) reads PARTS and `breakdown` on hosts
+# without it. The clock imports torch when it is used, inside a rank.
+PARTS = ("data", "compute", "comm", "optimizer", "other")
+
+
+class NullClock:
+    """The clock of normal training: every call does nothing."""
+
+    def mark(self, name: str) -> None:
+        pass
+
+    def after(self, function: Callable, name: str) -> Callable:
+        return function
+
+    def watch(self, model) -> None:
+        pass
+
+
+NO_CLOCK = NullClock()
+
+
+class StepClock(NullClock):
+    """Marks of every step since the last `reset`, on the CPU clock or as CUDA events."""
+
+    def __init__(self, device):
+        self.cuda = device.type == "cuda"
+        self.steps: list[dict] = []
+
+    def mark(self, name: str) -> None:
+        if name == "start":
+            self.steps.append({})
+        elif not self.steps:
+            return
+        if self.cuda:
+            import torch
+
+            stamp = torch.cuda.Event(enable_timing=True)
+            stamp.record()
+        else:
+            stamp = time.perf_counter()
+        self.steps[-1][name] = stamp
+
+    def after(self, function: Callable, name: str) -> Callable:
+        """`function`, marking `name` when it returns (Horovod's synchronize)."""
+        def timed(*args, **kwargs):
+            result = function(*args, **kwargs)
+            self.mark(name)
+            return result
+        return timed
+
+    def watch(self, model) -> None:
+        """On a DDP model, mark `grads` as each gradient bucket's reduction starts (the last
+        bucket's mark stands): DDP's own allreduce, through a comm hook that only adds the mark."""
+        from torch.nn.parallel import DistributedDataParallel
+
+        if not isinstance(model, DistributedDataParallel):
+            return
+        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+        def marked_allreduce(state, bucket):
+            self.mark("grads")
+            return allreduce_hook(state, bucket)
+
+        model.register_comm_hook(None, marked_allreduce)
+
+    def reset(self) -> None:
+        self.steps = []
+
+    def seconds(self) -> list[dict[str, float]]:
+        """Each complete step's marks as seconds since its start (waits for the GPU once)."""
+        complete = [step for step in self.steps if "start" in step and "end" in step]
+        if not self.cuda:
+            return [{name: stamp - step["start"] for name, stamp in step.items()}
+                    for step in complete]
+        import torch
+
+        torch.cuda.synchronize()
+        return [{name: step["start"].elapsed_time(stamp) / 1000.0 for name, stamp in step.items()}
+                for step in complete]
+
+
+def breakdown(marks: dict[str, float]) -> dict[str, float]:
+    """One step's durations from its marks (seconds since start): step = data + compute + comm +
+    optimizer + other. A mark a backend does not make takes its neighbour's time (no `grads`:
+    backward; no `reduced`: backward; no `optimizer`: end), so its part is zero."""
+    data = marks.get("data", 0.0)
+    backward = marks.get("backward", data)
+    grads = min(max(marks.get("grads", backward), data), backward)
+    reduced = max(marks.get("reduced", backward), backward)
+    end = marks["end"]
+    optimizer = min(max(marks.get("optimizer", end), reduced), end)
+    return {"step": end, "data": data, "compute": grads - data, "comm": reduced - grads,
+            "optimizer": optimizer - reduced, "other": end - optimizer}
