@@ -70,15 +70,20 @@ class AsyncSaver:
 
 
 def loop_rate(seconds: float, during=None) -> float:
-    """Iterations/s of a small torch compute loop (a stand-in for training steps), for
-    `seconds`, or for as long as `during` (a BackgroundWriter) is busy."""
+    """Iterations/s of a small single-threaded torch compute loop (a stand-in for training
+    steps), for `seconds`, or for as long as `during` (a BackgroundWriter) is busy."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)          # one thread: less noise from other load on the machine
     a = torch.randn(192, 192)
     count, start = 0, time.perf_counter()
-    while True:   # at least one iteration, so a write that ends at once still gives a rate
-        a = torch.tanh(a @ a)
-        count += 1
-        if not (during.busy if during is not None else time.perf_counter() - start < seconds):
-            break
+    try:
+        while True:   # at least one iteration, so a write that ends at once still gives a rate
+            a = torch.tanh(a @ a)
+            count += 1
+            if not (during.busy if during is not None else time.perf_counter() - start < seconds):
+                break
+    finally:
+        torch.set_num_threads(threads)
     return count / max(time.perf_counter() - start, 1e-9)
 
 
@@ -96,15 +101,15 @@ def measure(model_name: str, rounds: int, directory: Path) -> dict:
         blocked, total = saver.save(i + 1, replicated, per_rank)
         times["async_blocked"].append(blocked)
         times["async_total"].append(total)
-        # The loop's rate while a write runs (started without waiting), then without one.
-        saver.snapshot.take((replicated, per_rank))
+        # The loop's rate while a write runs (started without waiting), and just before it
+        # for as long (the same moment's load on the machine).
+        times["loop_idle"].append(loop_rate(times["async_total"][-1]))
+        snapshot = saver.snapshot.take((replicated, per_rank))
         saver.manager.prepare(10_000 + i)
-        saver.writer.submit(lambda: saver.manager.write(10_000 + i, replicated, per_rank, {},
+        saver.writer.submit(lambda: saver.manager.write(10_000 + i, *snapshot, {},
                                                         peers_done=lambda: None))
-        writing = loop_rate(0, during=saver.writer)
+        times["loop_writing"].append(loop_rate(0, during=saver.writer))
         saver.writer.wait()
-        times["loop_writing"].append(writing)
-        times["loop_idle"].append(loop_rate(1.0))
 
     savers = {
         "sync": lambda i: times["sync"].append(timed(lambda: manager.save(
