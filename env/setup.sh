@@ -110,6 +110,15 @@ else
     pip install -q -e ".[$extras]"
     echo "$want" > "$stamp"
 fi
+# The fast-jpeg extra (simplejpeg) from a wheel only: where none exists for this platform the
+# data pipeline decodes with Pillow instead, so a failure here is reported, not fatal.
+if "$py" -c 'import simplejpeg' 2>/dev/null; then
+    say "simplejpeg: $("$py" -c 'import simplejpeg; print(simplejpeg.__version__)') already installed"
+elif pip install -q --only-binary=:all: "simplejpeg>=1.7"; then
+    say "simplejpeg: installed (fast JPEG decode for the data pipeline)"
+else
+    say "simplejpeg: no wheel for this platform; JPEG decoding falls back to Pillow (slower)"
+fi
 
 # ---------------------------------------------------------------- 3. Horovod
 if [ "$horovod" -eq 1 ]; then

@@ -96,9 +96,13 @@ def checkpoint_skipped(step: int, error: str, moved_to: str) -> dict:
     return {"event": CHECKPOINT_SKIPPED, "step": step, "error": error, "moved_to": moved_to}
 
 
-def checkpoint_saved(step: int, reason: str, path: str, seconds: float) -> dict:
+def checkpoint_saved(step: int, reason: str, path: str, seconds: float,
+                     blocked_seconds: float | None = None, mode: str = "sync") -> dict:
+    """seconds: from the save's start to its marker; blocked_seconds: how long training waited
+    (the whole save when mode is sync; the host copy when async)."""
     return {"event": CHECKPOINT_SAVED, "step": step, "reason": reason, "path": path,
-            "seconds": seconds}
+            "seconds": seconds, "blocked_seconds": seconds if blocked_seconds is None else blocked_seconds,
+            "mode": mode}
 
 
 def stop_requested(reason: str, source: str) -> dict:

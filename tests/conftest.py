@@ -129,3 +129,11 @@ def mpirun_argv():
 @pytest.fixture(scope="session")
 def python() -> str:
     return sys.executable
+
+
+@pytest.fixture
+def jpeg_decoders() -> list[str]:
+    """The JPEG decoders this environment has: pillow always, simplejpeg when installed."""
+    from hpc_train.data import decode
+
+    return ["pillow"] + (["simplejpeg"] if decode.simplejpeg is not None else [])

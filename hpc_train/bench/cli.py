@@ -19,11 +19,13 @@ def _runs(module: str):
 
 def _add_data(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
-        "data", help="input pipeline images/s: JPEG folder vs. HDF5 shards vs. in-memory ceiling",
-        description="Measure, in one run and in alternating rounds, the images/s of the same "
-                    "decode + transform through the same DataLoader from: a folder of JPEG files "
-                    "(ImageFolder layout), our HDF5 shards (batched and item by item), raw shards "
-                    "(--raw-shards) and JPEG bytes in memory (the ceiling). Page cache: warm.")
+        "data", help="input pipeline images/s: ours (shards) vs. the torchvision recipe vs. our ceiling",
+        description="Measure, in one run and in alternating rounds, the images/s through the same "
+                    "DataLoader settings of: the torchvision recipe on a folder of JPEG files "
+                    "(Pillow, float32; the baseline), our decode + transform on the same files, on "
+                    "our HDF5 shards (batched, item by item, with the Pillow decoder), on raw "
+                    "shards (--raw-shards) and on JPEG bytes in memory (our ceiling). Also images/s "
+                    "per worker core and the cores one GPU at 3,000 images/s needs. Page cache: warm.")
     p.add_argument("--src", required=True, metavar="DIR",
                    help="the split's JPEG folder, SRC/<class>/<image> (the converter's --src)")
     p.add_argument("--shards", required=True, metavar="DIR", help="shard root (DIR/<split>/...)")
@@ -46,9 +48,10 @@ def _add_data(sub: argparse._SubParsersAction) -> None:
     budget.add_argument("--images", type=positive_int, default=None, metavar="N",
                         help="images per configuration, all rounds (instead of --seconds)")
     p.add_argument("--no-draft", action="store_true",
-                   help="decode JPEGs at full size (default: libjpeg draft to >= the needed size)")
-    p.add_argument("--uint8", action="store_true",
-                   help="transforms return uint8 CHW (normalise on the GPU) instead of float")
+                   help="ours: decode JPEGs at full size (default: DCT-scaled when the crop allows)")
+    p.add_argument("--output", choices=("uint8", "float32"), default="uint8",
+                   help="what our workers return: uint8 CHW (the GPU default: normalised on the "
+                        "device) or normalised float32 (the baseline is always float32)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     p.set_defaults(handler=_runs("data"))

@@ -1,20 +1,26 @@
-"""`bench data`: images/s of the input pipeline, ours vs. a folder of JPEG files, in one run.
+"""`bench data`: images/s of our input pipeline vs. the torchvision recipe, in one run.
 
-Every configuration goes through the same torch DataLoader settings (workers, batch, start
-method, persistent workers) and the same decode + transform, so the ratios isolate the storage:
-  folder        one JPEG file per sample, read with open() like torchvision's ImageFolder
-  shards-jpeg   our HDF5 shards, block-ordered sampler, batched reads (__getitems__)
+  torchvision   the baseline: one JPEG file per sample, Pillow full decode, RandomResizedCrop
+                (crop, then resize bilinear), flip, ToTensor, Normalize: float32 out.
+                Reimplemented faithfully (torchvision does not import beside our CPU torch);
+                the crop and flip come from the same per-sample generator as ours.
+  folder        our decode + transform on the same files: the storage alone differs from shards
+  shards-jpeg   ours: HDF5 shards, block-ordered sampler, batched reads (__getitems__), header
+                first, simplejpeg decode (scaled when the crop allows), torch SIMD resize, uint8
   shards-jpeg-1 the same, item by item (no __getitems__): does the batched read help?
+  shards-jpeg-pillow  the same with the Pillow decoder (the fallback without simplejpeg)
   shards-raw    raw-pixel shards, if --raw-shards is given (no JPEG decode at all)
-  memory        decode + transform of JPEG bytes already in memory: the ceiling
-Noise on a shared machine: configurations run in alternating short rounds and the median round
-counts. Each round is exactly one loader epoch (a sampler of the round's size), so no worker is
-still busy with one configuration while the next is measured. The OS page cache is not dropped
-(that needs root): every figure is for warm files.
+  memory        our decode + transform of JPEG bytes already in memory: our ceiling
+Every configuration runs through the same DataLoader settings (workers, batch, start method,
+persistent workers). Noise on a shared machine: configurations run in alternating short rounds
+and the median round counts. Each round is exactly one loader epoch (a sampler of the round's
+size), so no worker is still busy with one configuration while the next is measured. The OS page
+cache is not dropped (that needs root): every figure is for warm files.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import os
@@ -27,14 +33,18 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from hpc_train.data.decode import decode_image
+from PIL import Image
+
+from hpc_train.data import decode
 from hpc_train.data.sampler import block_order
 from hpc_train.data.shard_dataset import ShardedImages
-from hpc_train.data.transforms import TrainTransform, ValTransform, sample_rng
+from hpc_train.data.transforms import (IMAGENET_MEAN, IMAGENET_STD, TrainTransform, ValTransform,
+                                       rrc_params, sample_rng, val_geometry)
 from hpc_train.errors import DataError
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".webp"}
 MEMORY_CAP = 2048  # images held in memory for the ceiling (all workers get a copy)
+GPU_IMAGES_PER_S = 3000  # what one H100-class GPU trains ResNet-50 at in FP16 (the target)
 
 
 def list_folder(src: Path) -> tuple[list[Path], list[int]]:
@@ -50,12 +60,38 @@ def list_folder(src: Path) -> tuple[list[Path], list[int]]:
     return files, labels
 
 
-class _Decoded(Dataset):
-    """Shared part of the baselines: bytes -> decode (same draft) -> transform, with the same
-    per-sample generator as ShardedImages (epoch 0), so every configuration pays for making it."""
+class TorchvisionRecipe:
+    """torchvision's ImageNet transforms on a PIL image, as its v1 API runs them: RandomResizedCrop
+    (crop, then resize BILINEAR) + RandomHorizontalFlip, or Resize + CenterCrop; then ToTensor
+    (float / 255) and Normalize ((x - mean) / std)."""
 
-    def __init__(self, labels: list[int], transform):
-        self.labels, self.transform = labels, transform
+    def __init__(self, size: int, train: bool):
+        self.size, self.train = size, train
+        self.mean = torch.tensor(IMAGENET_MEAN).view(3, 1, 1)
+        self.std = torch.tensor(IMAGENET_STD).view(3, 1, 1)
+
+    def __call__(self, img: Image.Image, rng: np.random.Generator) -> torch.Tensor:
+        if self.train:
+            top, left, h, w = rrc_params(img.height, img.width, rng)
+            img = img.crop((left, top, left + w, top + h)).resize((self.size, self.size),
+                                                                  Image.BILINEAR)
+            if rng.random() < 0.5:
+                img = img.transpose(Image.FLIP_LEFT_RIGHT)
+        else:
+            new_h, new_w, top, left = val_geometry(img.height, img.width, self.size)
+            img = img.resize((new_w, new_h), Image.BILINEAR).crop(
+                (left, top, left + self.size, top + self.size))
+        pixels = torch.from_numpy(np.array(img, dtype=np.uint8))
+        tensor = pixels.permute(2, 0, 1).contiguous().float().div(255)     # ToTensor
+        return (tensor - self.mean) / self.std                            # Normalize
+
+
+class _Decoded(Dataset):
+    """A sample from its bytes, with the same per-sample generator as ShardedImages (epoch 0).
+    `recipe`: the torchvision baseline (Pillow full decode, then the recipe), else our path."""
+
+    def __init__(self, labels: list[int], transform, recipe: TorchvisionRecipe | None = None):
+        self.labels, self.transform, self.recipe = labels, transform, recipe
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -64,13 +100,16 @@ class _Decoded(Dataset):
         raise NotImplementedError
 
     def __getitem__(self, index: int):
-        image, _ = decode_image(self._bytes(index), self.transform.draft_size)
-        return self.transform(image, sample_rng(0, 0, index)), self.labels[index]
+        data, rng = self._bytes(index), sample_rng(0, 0, index)
+        if self.recipe is not None:
+            image = Image.open(io.BytesIO(data)).convert("RGB")    # ImageFolder's pil_loader
+            return self.recipe(image, rng), self.labels[index]
+        return self.transform(decode.open_encoded(data), rng), self.labels[index]
 
 
 class FolderImages(_Decoded):
-    def __init__(self, files: list[Path], labels: list[int], transform):
-        super().__init__(labels, transform)
+    def __init__(self, files: list[Path], labels: list[int], transform, recipe=None):
+        super().__init__(labels, transform, recipe)
         self.files = files
 
     def _bytes(self, index: int) -> bytes:
@@ -134,17 +173,27 @@ class Config:
 
 
 def build_configs(args) -> list[Config]:
-    make = TrainTransform if args.split == "train" else ValTransform
-    transform = make(args.image_size, draft=not args.no_draft, normalize=not args.uint8)
+    train = args.split == "train"
+    make = TrainTransform if train else ValTransform
+    transform = make(args.image_size, draft=not args.no_draft, normalize=args.output == "float32")
     files, labels = list_folder(Path(args.src))
     rng = np.random.default_rng(0)
-    configs = [Config("folder", "ImageFolder: one JPEG file per sample",
-                      FolderImages(files, labels, transform), rng.permutation(len(files)), args)]
+    folder_order = rng.permutation(len(files))
+    configs = [Config("torchvision", "torchvision recipe: files, Pillow, float32 (baseline)",
+                      FolderImages(files, labels, None, TorchvisionRecipe(args.image_size, train)),
+                      folder_order, args),
+               Config("folder", "files, our decode + transform", FolderImages(files, labels, transform),
+                      folder_order, args)]
     shards = ShardedImages(args.shards, args.split, transform)
     block = block_order(len(shards), 0, 0, args.block_size)
-    configs.append(Config("shards-jpeg", "HDF5 shards, batched block reads", shards, block, args))
+    configs.append(Config("shards-jpeg", f"HDF5 shards, batched reads, {decode.jpeg_decoder()}",
+                          shards, block, args))
     configs.append(Config("shards-jpeg-1", "HDF5 shards, item by item", ItemByItem(shards),
                           block, args))
+    if decode.jpeg_decoder() != "pillow":
+        configs.append(Config("shards-jpeg-pillow", "HDF5 shards, batched reads, Pillow decoder",
+                              ShardedImages(args.shards, args.split, transform, decoder="pillow"),
+                              block, args))
     if args.raw_shards:
         raw = ShardedImages(args.raw_shards, args.split, transform)
         if raw.encoding != "raw":
@@ -154,7 +203,7 @@ def build_configs(args) -> list[Config]:
     picked = sorted(rng.permutation(len(files))[:MEMORY_CAP].tolist())
     memory = MemoryImages([files[i].read_bytes() for i in picked], [labels[i] for i in picked],
                           transform)
-    configs.append(Config("memory", "decode + transform of bytes in memory (ceiling)", memory,
+    configs.append(Config("memory", "our decode + transform of bytes in memory (ceiling)", memory,
                           rng.permutation(len(picked)), args))
     return configs
 
@@ -182,27 +231,39 @@ def measure(configs: list[Config], args, say) -> None:
 
 def results(configs: list[Config], args) -> dict:
     medians = {c.name: statistics.median(c.rates) for c in configs}
-    rows = [{"config": c.name, "what": c.what, "images_per_s": round(medians[c.name], 1),
-             "min": round(min(c.rates), 1), "max": round(max(c.rates), 1),
-             "rounds": [round(r, 1) for r in c.rates], "images_per_round": c.batches * args.batch,
-             "vs_folder": round(medians[c.name] / medians["folder"], 3),
-             "vs_ceiling": round(medians[c.name] / medians["memory"], 3)} for c in configs]
+    cores = max(1, args.workers)    # the worker processes do the decoding; 0 = the main process
+    rows = []
+    for c in configs:
+        per_core = medians[c.name] / cores
+        rows.append({
+            "config": c.name, "what": c.what, "images_per_s": round(medians[c.name], 1),
+            "min": round(min(c.rates), 1), "max": round(max(c.rates), 1),
+            "rounds": [round(r, 1) for r in c.rates], "images_per_round": c.batches * args.batch,
+            "vs_torchvision": round(medians[c.name] / medians["torchvision"], 3),
+            "vs_ceiling": round(medians[c.name] / medians["memory"], 3),
+            "images_per_s_per_core": round(per_core, 1),
+            "cores_per_gpu": round(GPU_IMAGES_PER_S / per_core, 2)})
     return {"rows": rows, "settings": {
         "command": "python -m hpc_train " + " ".join(sys.argv[1:]) if sys.argv else "",
         "split": args.split, "image_size": args.image_size, "batch": args.batch,
         "workers": args.workers, "start_method": args.start_method, "rounds": args.rounds,
-        "block_size": args.block_size, "draft": not args.no_draft,
-        "output": "uint8" if args.uint8 else "float32", "cpu_count": os.cpu_count(), "torch": torch.__version__,
+        "block_size": args.block_size, "draft": not args.no_draft, "output": args.output,
+        "jpeg_decoder": decode.jpeg_decoder(), "gpu_images_per_s": GPU_IMAGES_PER_S,
+        "cpu_count": os.cpu_count(), "torch": torch.__version__,
         "page_cache": "warm (not dropped: needs root); every file was read during warm-up"}}
 
 
 def render(report: dict, tty: bool) -> None:
     s = report["settings"]
     header = (f"split {s['split']}, {s['image_size']} px, batch {s['batch']}, {s['workers']} "
-              f"workers ({s['start_method']}), draft {'on' if s['draft'] else 'off'}, {s['output']}, median of {s['rounds']} rounds, page cache warm")
-    columns = ("config", "images/s", "min-max", "vs folder", "vs ceiling", "what")
+              f"workers ({s['start_method']}), ours: {s['jpeg_decoder']}, {s['output']} out, draft "
+              f"{'on' if s['draft'] else 'off'}; median of {s['rounds']} rounds, page cache warm")
+    columns = ("config", "images/s", "min-max", "vs torchvision", "vs ceiling", "per core",
+               f"cores/GPU @{s['gpu_images_per_s']}", "what")
     lines = [(r["config"], f"{r['images_per_s']:.0f}", f"{r['min']:.0f}-{r['max']:.0f}",
-              f"{r['vs_folder']:.2f}x", f"{r['vs_ceiling']:.2f}", r["what"]) for r in report["rows"]]
+              f"{r['vs_torchvision']:.2f}x", f"{r['vs_ceiling']:.2f}",
+              f"{r['images_per_s_per_core']:.0f}", f"{r['cores_per_gpu']:.1f}", r["what"])
+             for r in report["rows"]]
     if tty:
         from rich.console import Console
         from rich.table import Table

@@ -6,7 +6,8 @@
         meta.json               step, epoch, spec hash, world size, time
         replicated.pt           state every rank shares (model, optimizer, scaler, schedule, sampler)
         rank-00000.pt           state that differs per rank (RNG streams)
-      .step-00001300.tmp/       a save in progress (or killed): never loaded, removed on next save
+      .step-00001300.tmp/       a save in progress (or killed): never loaded, removed on next save;
+                                its files appear as NAME.partial, renamed to NAME once fsynced
       step-00001100.unloadable/ complete but failed to load on resume: set aside, kept to inspect
 """
 

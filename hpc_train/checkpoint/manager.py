@@ -1,10 +1,15 @@
 """Atomic checkpoints written by several ranks; only complete ones are ever loaded.
 
 Save protocol (every rank calls `save`, at the same step):
-  1. rank 0 removes a leftover temporary directory of that step and creates it; barrier
-  2. every rank writes its own file (state that differs per rank), fsynced; barrier
+  1. `prepare`: rank 0 removes a leftover temporary directory of that step and creates it; barrier
+  2. `write`: every rank writes its named files, then its own file (state that differs per
+     rank), each as NAME.partial, fsynced, renamed to NAME: a rank file present means that
+     rank is done; then "the peers are done" (a barrier, or for a background write rank 0
+     polling for every rank file: no collective may run outside the training thread)
   3. rank 0 writes the replicated state and meta.json, fsyncs, renames the directory into
      place, writes the COMPLETE marker, fsyncs the parent, then applies retention; barrier
+     (a background write: the training thread waits for it, then a barrier, at a stop and at
+     the end of training)
 A kill at any point leaves either no new directory, or one without its marker: both ignored.
 """
 
@@ -39,10 +44,13 @@ def _fsync_path(path: Path) -> None:
 
 
 def _save_file(obj, path: Path) -> None:
-    with open(path, "wb") as f:
+    """Written as NAME.partial, fsynced, renamed: NAME exists only once it is whole on disk."""
+    partial = path.with_name(path.name + ".partial")
+    with open(partial, "wb") as f:
         torch.save(obj, f)
         f.flush()
         os.fsync(f.fileno())
+    os.replace(partial, path)
 
 
 def remove_checkpoint(directory: Path) -> None:
@@ -71,18 +79,35 @@ class CheckpointManager:
 
     def save(self, step: int, replicated: dict, per_rank: dict, meta: dict,
              files: dict[str, dict] | None = None) -> Path:
-        """`files`: more named files this rank writes (a pipeline stage's state, written by one
-        rank per stage); read back with `load_file`."""
-        final = self.root / layout.step_dir_name(step)
+        """The whole protocol, with barriers (every rank, same step). `files`: more named files
+        this rank writes (a pipeline stage's state, written by one rank per stage); read back
+        with `load_file`."""
+        self.prepare(step)
+        final = self.write(step, replicated, per_rank, meta, files)
+        # Nobody leaves before rank 0 is done: a rank that exits right after a stop-save would
+        # make mpirun tear down rank 0 in the middle of writing.
+        self.barrier()
+        return final
+
+    def prepare(self, step: int) -> None:
+        """Step 1 (a collective: the training thread, every rank): an empty temporary directory."""
         tmp = self.root / layout.tmp_dir_name(step)
         if self.rank == 0:
             shutil.rmtree(tmp, ignore_errors=True)   # a save of this step killed earlier
             tmp.mkdir()
         self.barrier()
-        _save_file(per_rank, tmp / layout.rank_file_name(self.rank))
+
+    def write(self, step: int, replicated: dict, per_rank: dict, meta: dict,
+              files: dict[str, dict] | None = None,
+              peers_done: Callable[[], None] | None = None) -> Path:
+        """Steps 2 and 3 after `prepare`. `peers_done` returns once every rank's files are
+        written (default: the barrier; a background write passes one without a collective)."""
+        final = self.root / layout.step_dir_name(step)
+        tmp = self.root / layout.tmp_dir_name(step)
         for name, obj in (files or {}).items():
             _save_file(obj, tmp / name)
-        self.barrier()
+        _save_file(per_rank, tmp / layout.rank_file_name(self.rank))   # last: "this rank is done"
+        (peers_done or self.barrier)()
         if self.rank == 0 and (final / layout.MARKER).is_file():
             # This step is saved and complete already (an explicit resume from an older step
             # came back to it): keep the one that counts; only rank 0 decides, so no rank waits.
@@ -102,10 +127,28 @@ class CheckpointManager:
             _fsync_path(marker)
             _fsync_path(self.root)
             self._apply_retention()
-        # Nobody leaves before rank 0 is done: a rank that exits right after a stop-save would
-        # make mpirun tear down rank 0 in the middle of writing.
-        self.barrier()
         return final
+
+    def wait_for_rank_files(self, step: int, timeout: float, poll: float = 0.05) -> None:
+        """Rank 0, background write: return once every rank's file of `step` is in the
+        temporary directory. On NFS a new name can take up to its attribute-cache time
+        (acdirmax, ~60 s) to show: `timeout` must be longer."""
+        tmp = self.root / layout.tmp_dir_name(step)
+        names = {layout.rank_file_name(rank) for rank in range(self.world_size)}
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                missing = names - set(os.listdir(tmp))
+            except FileNotFoundError:
+                missing = names
+            if not missing:
+                return
+            if time.monotonic() > deadline:
+                raise CheckpointError(f"{tmp}: after {timeout:.0f} s still no "
+                                      f"{', '.join(sorted(missing)[:4])}"
+                                      f"{' ...' if len(missing) > 4 else ''}: those ranks did not "
+                                      "finish writing their part of the checkpoint")
+            time.sleep(poll)
 
     def _apply_retention(self) -> None:
         for step in steps_to_delete(layout.list_complete(self.root), self.keep_last, self.keep_every):

@@ -77,7 +77,7 @@ def _demo(args: argparse.Namespace) -> int:
 
     start = time.monotonic()
     s = write_demo(Path(args.out), args.classes, args.per_class, args.val_per_class, args.size,
-                   args.seed)
+                   args.seed, args.photo)
     print(f"wrote {s.train_files} train images in {len(s.classes)} class folders under "
           f"{s.root / 'train'}, {s.val_files} val images in {s.root / 'val'} with labels in "
           f"{s.root / 'val_labels.txt'} ({time.monotonic() - start:.1f} s)")
@@ -189,4 +189,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     demo.add_argument("--val-per-class", type=int, default=10)
     demo.add_argument("--size", type=positive_int, default=64, help="typical side (sizes vary +-)")
     demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument("--photo", action="store_true",
+                      help="ImageNet-photo shapes: long side ~SIZE, 4:3, one in four portrait "
+                           "(--size 500: 500x375, ~100-120 KB, as for bench data)")
     demo.set_defaults(handler=_demo)

@@ -34,9 +34,15 @@ def class_name(k: int) -> str:
     return f"n{k:08d}"  # synset-like, sorts in index order like ImageNet's
 
 
-def make_image(k: int, num_classes: int, rng: np.random.Generator, base: int = 64) -> np.ndarray:
-    """One HxWx3 uint8 sample of class k."""
+def make_image(k: int, num_classes: int, rng: np.random.Generator, base: int = 64,
+               photo: bool = False) -> np.ndarray:
+    """One HxWx3 uint8 sample of class k. photo: shaped like an ImageNet photo (long side
+    ~base, 4:3, one in four portrait) instead of nearly square."""
     h, w = (int(v) for v in rng.integers(base - 8, base + 17, size=2))
+    if photo:
+        h = int(round(w * 3 / 4))
+        if rng.random() < 0.25:
+            h, w = w, h
     angle = np.pi * k / num_classes + rng.normal(0, 0.04)
     period = _PERIODS[k % len(_PERIODS)] * rng.uniform(0.85, 1.15)
     yy, xx = np.mgrid[0:h, 0:w].astype(np.float32)
@@ -61,7 +67,7 @@ def _encode(pixels: np.ndarray, fmt: str, grey: bool = False) -> bytes:
 
 
 def write_demo(out: Path, classes: int = 10, per_class: int = 60, val_per_class: int = 10,
-               size: int = 64, seed: int = 0) -> DemoSummary:
+               size: int = 64, seed: int = 0, photo: bool = False) -> DemoSummary:
     if classes < 2 or per_class < 1 or val_per_class < 0 or size < 16:
         raise DataError("demo: need --classes >= 2, --per-class >= 1, --val-per-class >= 0, "
                         "--size >= 16")
@@ -77,13 +83,13 @@ def write_demo(out: Path, classes: int = 10, per_class: int = 60, val_per_class:
         folder = out / "train" / name
         folder.mkdir(parents=True, exist_ok=True)
         for i in range(per_class):
-            pixels = make_image(k, classes, rng, size)
+            pixels = make_image(k, classes, rng, size, photo)
             # Every 20th image is a PNG and the very first one is greyscale: the converter must
             # re-encode both as RGB JPEG.
-            if i % 20 == 7:
+            if i % 20 == 7 and not photo:   # photo: all JPEG, so bench baselines decode JPEG
                 (folder / f"{name}_{i}.png").write_bytes(_encode(pixels, "PNG"))
             else:
-                grey = k == 0 and i == 0
+                grey = k == 0 and i == 0 and not photo
                 (folder / f"{name}_{i}.JPEG").write_bytes(_encode(pixels, "JPEG", grey))
             train_files += 1
     val = out / "val"
@@ -93,7 +99,7 @@ def write_demo(out: Path, classes: int = 10, per_class: int = 60, val_per_class:
     lines = []
     for j, k in enumerate(val_labels, start=1):
         fname = f"ILSVRC2012_val_{j:08d}.JPEG"
-        (val / fname).write_bytes(_encode(make_image(k, classes, rng, size), "JPEG"))
+        (val / fname).write_bytes(_encode(make_image(k, classes, rng, size, photo), "JPEG"))
         lines.append(f"{fname} {names[k]}\n")
     (out / "val_labels.txt").write_text("".join(lines))
     return DemoSummary(out, names, train_files, len(lines))

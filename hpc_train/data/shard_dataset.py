@@ -28,7 +28,7 @@ import h5py
 import numpy as np
 from torch.utils.data import Dataset
 
-from hpc_train.data.decode import DECODE_ERRORS, decode_image
+from hpc_train.data.decode import DECODE_ERRORS, open_encoded
 from hpc_train.data.sampler import SampleKey, as_key
 from hpc_train.data.transforms import sample_rng
 from hpc_train.errors import DataError
@@ -88,8 +88,10 @@ class ShardedImages(Dataset):
     """(image tensor, label) of global index g, from DIR/<split>/shard-*.h5.
 
     Indexed by a global index or a `SampleKey(epoch, index)` (a plain index is epoch 0).
-    transform(image, rng) -> tensor, with image an RGB PIL image (jpeg) or a uint8 HxWx3 array
-    (raw), e.g. TrainTransform / ValTransform; None returns the uint8 HxWx3 array itself.
+    transform(image, rng) -> tensor, with image a `decode.Encoded` (jpeg: the transform decodes
+    it, at the scale its geometry allows) or a uint8 HxWx3 array (raw), e.g. TrainTransform /
+    ValTransform; None returns the uint8 HxWx3 array itself.
+    `decoder`: 'simplejpeg' or 'pillow'; None = the fastest installed (decode.jpeg_decoder).
     rng is `sample_rng(seed, epoch, index)`: `seed` is the run's, so runs with other seeds crop
     differently.
     `max_gap`: `__getitems__` reads offsets up to this far apart in one slice (records in the
@@ -97,7 +99,7 @@ class ShardedImages(Dataset):
     """
 
     def __init__(self, root: str | os.PathLike, split: str = "train", transform=None, *,
-                 seed: int = 0, max_open: int = 64, max_gap: int = 4):
+                 seed: int = 0, max_open: int = 64, max_gap: int = 4, decoder: str | None = None):
         self.split_dir = Path(root) / split
         self.manifest = load_manifest(self.split_dir)
         self.encoding = self.manifest["encoding"]
@@ -107,7 +109,7 @@ class ShardedImages(Dataset):
         self.starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
         self._starts_list = self.starts.tolist()
         self.transform, self.seed, self.max_open, self.max_gap = transform, seed, max_open, max_gap
-        self._draft = getattr(transform, "draft_size", None)
+        self.decoder = decoder
         self._reset_process_state()
 
     def _reset_process_state(self) -> None:
@@ -205,18 +207,24 @@ class ShardedImages(Dataset):
             if image.shape != tuple(shard.shapes[offset]):
                 self._corrupt(k, offset, f"pixels of shape {image.shape}, shapes says "
                               f"{tuple(shard.shapes[offset])}")
-        else:
-            try:
-                image, (height, width) = decode_image(record, self._draft)
-            except DECODE_ERRORS as exc:
-                self._corrupt(k, offset, f"cannot decode: {type(exc).__name__}: {exc}")
-            expected = tuple(int(v) for v in shard.shapes[offset][:2])
-            if (height, width) != expected:
-                self._corrupt(k, offset, f"decodes to {height}x{width}, shapes says "
-                              f"{expected[0]}x{expected[1]}")
-        if self.transform is None:
-            return (image if isinstance(image, np.ndarray) else np.asarray(image)), label
-        return self.transform(image, sample_rng(self.seed, *key)), label
+            if self.transform is None:
+                return image, label
+            return self.transform(image, sample_rng(self.seed, *key)), label
+        try:
+            image = open_encoded(record, self.decoder)
+        except DECODE_ERRORS as exc:
+            self._corrupt(k, offset, f"cannot decode: {type(exc).__name__}: {exc}")
+        expected = tuple(int(v) for v in shard.shapes[offset][:2])
+        if image.size != expected:
+            self._corrupt(k, offset, f"decodes to {image.height}x{image.width}, shapes says "
+                          f"{expected[0]}x{expected[1]}")
+        try:
+            # The transform decodes (a truncated record fails here), at the scale it needs.
+            if self.transform is None:
+                return image.pixels(), label
+            return self.transform(image, sample_rng(self.seed, *key)), label
+        except DECODE_ERRORS as exc:
+            self._corrupt(k, offset, f"cannot decode: {type(exc).__name__}: {exc}")
 
     def _corrupt(self, k: int, offset: int, why: str):
         try:

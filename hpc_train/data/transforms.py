@@ -1,14 +1,20 @@
 """ImageNet training and validation transforms without torchvision.
 
 The geometry follows torchvision exactly (RandomResizedCrop with its 10 attempts and centre-crop
-fallback; Resize(size / 0.875) + CenterCrop(size)), so accuracy recipes carry over. Crop and
-resize happen in ONE Pillow call (`resize(..., box=...)`): Pillow scales the filter by the box,
-so the result equals crop-then-resize while touching only the pixels of the crop.
+fallback; Resize(size / 0.875) + CenterCrop(size)), so accuracy recipes carry over. The geometry
+is drawn from the image's *header* size before anything is decoded, so the decoder can skip work
+(`decode.Encoded.pixels(reduce)`: a DCT-domain 1/2, 1/4, 1/8 decode when the crop is at least
+that many times the output; never for a 224 crop of a 500x375 photo). Crop and resize are one
+`torch.nn.functional.interpolate(antialias=True)` on a uint8 channels-last view of the decoded
+pixels: torch's SIMD (AVX2) uint8 kernel, ~4x faster than Pillow's resize and equal to it
+within rounding (tests/data/test_decode_path.py states the tolerance).
 
 Randomness comes from the `np.random.Generator` the caller passes: a transform is a pure
 function of (image, generator state), which is what the tests rely on. Datasets pass
 `sample_rng(seed, epoch, index)`, so a sample's crop and flip depend on nothing else. Inputs are
-RGB PIL images (decoded JPEG) or uint8 HWC numpy arrays (raw shards).
+`decode.Encoded` (JPEG bytes, decoded here), uint8 HWC numpy arrays (raw shards) or RGB PIL images.
+Outputs are uint8 CHW (normalize=False: the rank normalises on its device with `normalize_batch`)
+or normalised float32 CHW; both use the same x * a + b arithmetic, so they agree bit for bit on CPU.
 """
 
 from __future__ import annotations
@@ -18,6 +24,8 @@ import math
 import numpy as np
 import torch
 from PIL import Image
+
+from hpc_train.data.decode import Encoded, largest_reduction
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -60,12 +68,132 @@ def rrc_params(height: int, width: int, rng: np.random.Generator,
     return (height - h) // 2, (width - w) // 2, h, w
 
 
-def val_box(height: int, width: int, size: int,
-            crop_fraction: float = CROP_FRACTION) -> tuple[float, float, float, float]:
-    """Resize(int(size / crop_fraction)) + CenterCrop(size) as one box in source pixels.
+def scale_shift(mean=IMAGENET_MEAN, std=IMAGENET_STD) -> tuple[torch.Tensor, torch.Tensor]:
+    """(a, b) with (x / 255 - mean) / std == x * a + b, as float32 (3, 1, 1) tensors."""
+    std255 = np.asarray(std, dtype=np.float32) * 255.0
+    scale = torch.from_numpy(1.0 / std255).view(3, 1, 1)
+    shift = torch.from_numpy(-np.asarray(mean, dtype=np.float32) * 255.0 / std255).view(3, 1, 1)
+    return scale, shift
 
-    Returns (left, top, right, bottom) for `Image.resize(box=...)`. Resize and centre-crop
-    arithmetic are torchvision's: the shorter side becomes `resize`, the longer int(...) of its
+
+def normalize_uint8(chw: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
+    """uint8 (..., 3, H, W) -> float32 x * a + b: one conversion, two in-place passes."""
+    return chw.float().mul_(scale).add_(shift)
+
+
+def to_uint8_tensor(img) -> torch.Tensor:
+    """An RGB PIL image or uint8 HWC array -> uint8 CHW tensor (contiguous)."""
+    return torch.from_numpy(np.ascontiguousarray(np.asarray(img, dtype=np.uint8).transpose(2, 0, 1)))
+
+
+def to_normalized_tensor(img, mean=IMAGENET_MEAN, std=IMAGENET_STD) -> torch.Tensor:
+    """uint8 HWC -> float32 CHW, (x / 255 - mean) / std. Each torch op here is tiny: DataLoader
+    workers run single-threaded; a main process with several intra-op threads on a busy machine
+    makes these ops 10-100x slower (measured)."""
+    return normalize_uint8(to_uint8_tensor(img), *scale_shift(mean, std))
+
+
+def normalize_batch(images: torch.Tensor, mean=IMAGENET_MEAN, std=IMAGENET_STD) -> torch.Tensor:
+    """A uint8 NCHW batch (transforms with normalize=False) -> normalised float, on its device."""
+    scale, shift = (t.to(images.device) for t in scale_shift(mean, std))
+    return normalize_uint8(images, scale, shift)
+
+
+def resize_box(pixels: np.ndarray, top: int, left: int, height: int, width: int,
+               out_h: int, out_w: int) -> torch.Tensor:
+    """The box of uint8 HWC `pixels` resized to (out_h, out_w), bilinear with antialiasing (as
+    Pillow's BILINEAR: a triangle filter widened by the scale), as a contiguous uint8 CHW tensor."""
+    box = torch.from_numpy(pixels)[top:top + height, left:left + width]
+    if (height, width) == (out_h, out_w):
+        return box.permute(2, 0, 1).contiguous()
+    # A channels-last NCHW view: the memory layout torch's uint8 SIMD kernel reads directly.
+    view = box.permute(2, 0, 1).unsqueeze(0)
+    out = torch.nn.functional.interpolate(view, size=(out_h, out_w), mode="bilinear",
+                                          antialias=True, align_corners=False)
+    return out[0].contiguous()
+
+
+def resize_subpixel(pixels: np.ndarray, box: tuple[float, float, float, float], out_h: int,
+                    out_w: int) -> torch.Tensor:
+    """A fractional box (left, top, right, bottom) resized with Pillow's `resize(box=)`, which
+    places the filter with sub-pixel accuracy. Only for DCT-reduced decodes (large images): there
+    the box does not fall on whole pixels, and rounding it would shift fine texture by up to one
+    reduced pixel; the reduced decode has saved far more than Pillow's slower resize costs."""
+    out = Image.fromarray(pixels, "RGB").resize((out_w, out_h), Image.BILINEAR, box=box)
+    return torch.from_numpy(np.array(out, dtype=np.uint8).transpose(2, 0, 1).copy())
+
+
+def _size(image) -> tuple[int, int]:
+    """(height, width) at full resolution, without decoding."""
+    if isinstance(image, Encoded):
+        return image.size
+    if isinstance(image, np.ndarray):
+        if image.dtype != np.uint8 or image.ndim != 3 or image.shape[2] != 3:
+            raise ValueError(f"raw image must be uint8 HxWx3, got {image.dtype} {image.shape}")
+        return image.shape[0], image.shape[1]
+    return image.height, image.width
+
+
+def _pixels(image, reduce: int) -> np.ndarray:
+    """uint8 HWC pixels; an encoded image decoded at 1/reduce (others are never reduced)."""
+    if isinstance(image, Encoded):
+        return image.pixels(reduce)
+    if isinstance(image, np.ndarray):
+        return image if image.flags.writeable else image.copy()   # torch.from_numpy wants it
+    return np.array(image.convert("RGB"), dtype=np.uint8)
+
+
+class _Transform:
+    def __init__(self, size: int, mean, std, draft: bool, normalize: bool):
+        self.size, self.mean, self.std, self.draft = size, mean, std, draft
+        self.normalize = normalize
+        self._scale_shift = scale_shift(mean, std)
+
+    def _reduction(self, image, short_side: float, needed: float) -> int:
+        return largest_reduction(short_side, needed) if self.draft and isinstance(image, Encoded) else 1
+
+    def _finish(self, chw: torch.Tensor) -> torch.Tensor:
+        # normalize=False: uint8, 4x fewer bytes through worker queues and host-to-device
+        # copies; the rank then normalises on its device (normalize_batch).
+        return normalize_uint8(chw, *self._scale_shift) if self.normalize else chw
+
+
+class TrainTransform(_Transform):
+    """RandomResizedCrop(size) + random horizontal flip, uint8 or normalised float CHW.
+
+    draft: decode at 1/2, 1/4 or 1/8 when the *crop* stays >= size on its shorter side, so only
+    crops that a full decode would downscale at least 2x are affected (never a 224 crop of a
+    500x375 photo). The crop distribution is untouched: the box is drawn from the header size
+    before decoding and kept exactly (sub-pixel) on the reduced grid.
+    """
+
+    def __init__(self, size: int = 224, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3),
+                 flip: bool = True, mean=IMAGENET_MEAN, std=IMAGENET_STD, draft: bool = True,
+                 normalize: bool = True):
+        super().__init__(size, mean, std, draft, normalize)
+        self.scale, self.ratio, self.flip = tuple(scale), tuple(ratio), flip
+
+    def __call__(self, image, rng: np.random.Generator) -> torch.Tensor:
+        height, width = _size(image)
+        top, left, h, w = rrc_params(height, width, rng, self.scale, self.ratio)
+        flip = self.flip and rng.random() < 0.5
+        pixels = _pixels(image, self._reduction(image, min(h, w), self.size))
+        if pixels.shape[:2] == (height, width):
+            out = resize_box(pixels, top, left, h, w, self.size, self.size)
+        else:   # DCT-reduced: the box is fractional on the reduced grid
+            sy, sx = pixels.shape[0] / height, pixels.shape[1] / width
+            box = (left * sx, top * sy, (left + w) * sx, (top + h) * sy)
+            out = resize_subpixel(pixels, box, self.size, self.size)
+        if flip:
+            out = out.flip(-1)   # ~20 us on 150 KB: cheaper here than a per-sample flag to the device
+        return self._finish(out)
+
+
+def val_geometry(height: int, width: int, size: int,
+                 crop_fraction: float = CROP_FRACTION) -> tuple[int, int, int, int]:
+    """Resize(int(size / crop_fraction)) + CenterCrop(size): (resized h, resized w, top, left).
+
+    torchvision's arithmetic: the shorter side becomes `resize`, the longer int(...) of its
     scaled length, and the crop starts at round((resized - size) / 2).
     """
     resize = int(size / crop_fraction)
@@ -73,88 +201,35 @@ def val_box(height: int, width: int, size: int,
         new_w, new_h = resize, int(resize * height / width)
     else:
         new_h, new_w = resize, int(resize * width / height)
-    top = int(round((new_h - size) / 2.0))
-    left = int(round((new_w - size) / 2.0))
+    return new_h, new_w, int(round((new_h - size) / 2.0)), int(round((new_w - size) / 2.0))
+
+
+def val_box(height: int, width: int, size: int,
+            crop_fraction: float = CROP_FRACTION) -> tuple[float, float, float, float]:
+    """The centre crop of `val_geometry` as a box in source pixels (left, top, right, bottom)."""
+    new_h, new_w, top, left = val_geometry(height, width, size, crop_fraction)
     sx, sy = width / new_w, height / new_h
     return left * sx, top * sy, (left + size) * sx, (top + size) * sy
 
 
-def to_normalized_tensor(img: Image.Image, mean=IMAGENET_MEAN, std=IMAGENET_STD) -> torch.Tensor:
-    """uint8 HWC -> float32 CHW, (x / 255 - mean) / std as x * a + b.
-
-    Made contiguous while still uint8 (a quarter of the bytes), then two in-place passes. Each
-    torch op here is tiny: DataLoader workers run single-threaded; a main process with several
-    intra-op threads on a busy machine makes these ops 10-100x slower (measured).
-    """
-    chw = to_uint8_tensor(img)
-    std255 = np.asarray(std, dtype=np.float32) * 255.0
-    scale = torch.from_numpy(1.0 / std255).view(3, 1, 1)
-    shift = torch.from_numpy(-np.asarray(mean, dtype=np.float32) * 255.0 / std255).view(3, 1, 1)
-    return chw.float().mul_(scale).add_(shift)
-
-
-def to_uint8_tensor(img: Image.Image) -> torch.Tensor:
-    """uint8 HWC -> uint8 CHW: a quarter of the bytes through the worker queues and pinned copy."""
-    return torch.from_numpy(np.ascontiguousarray(np.asarray(img, dtype=np.uint8).transpose(2, 0, 1)))
-
-
-def normalize_batch(images: torch.Tensor, mean=IMAGENET_MEAN, std=IMAGENET_STD) -> torch.Tensor:
-    """A uint8 NCHW batch (transforms with normalize=False) -> normalised float, on its device."""
-    std255 = torch.tensor(std, dtype=torch.float32, device=images.device).view(1, 3, 1, 1) * 255
-    mean255 = torch.tensor(mean, dtype=torch.float32, device=images.device).view(1, 3, 1, 1) * 255
-    return (images.float() - mean255) / std255
-
-
-def _finish(out: Image.Image, normalize: bool, mean, std) -> torch.Tensor:
-    # normalize=False: uint8 CHW, 4x fewer bytes through worker queues and host-to-device
-    # copies; the trainer then calls normalize_batch on the device.
-    return to_normalized_tensor(out, mean, std) if normalize else to_uint8_tensor(out)
-
-
-def _as_pil(img) -> Image.Image:
-    if isinstance(img, np.ndarray):
-        if img.dtype != np.uint8 or img.ndim != 3 or img.shape[2] != 3:
-            raise ValueError(f"raw image must be uint8 HxWx3, got {img.dtype} {img.shape}")
-        return Image.fromarray(img, "RGB")
-    return img
-
-
-class TrainTransform:
-    """RandomResizedCrop(size) + random horizontal flip + normalised float CHW tensor."""
-
-    def __init__(self, size: int = 224, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3),
-                 flip: bool = True, mean=IMAGENET_MEAN, std=IMAGENET_STD, draft: bool = True,
-                 normalize: bool = True):
-        self.size, self.scale, self.ratio, self.flip = size, tuple(scale), tuple(ratio), flip
-        self.mean, self.std, self.normalize = mean, std, normalize
-        # Decode so that the whole image's shorter side is still >= size. Small random crops are
-        # then upsampled from the reduced image (a little blur); draft=False decodes in full.
-        self.draft_size = size if draft else None
-
-    def __call__(self, img, rng: np.random.Generator) -> torch.Tensor:
-        img = _as_pil(img)
-        width, height = img.size
-        top, left, h, w = rrc_params(height, width, rng, self.scale, self.ratio)
-        out = img.resize((self.size, self.size), Image.BILINEAR,
-                         box=(left, top, left + w, top + h))
-        if self.flip and rng.random() < 0.5:
-            out = out.transpose(Image.FLIP_LEFT_RIGHT)
-        return _finish(out, self.normalize, self.mean, self.std)
-
-
-class ValTransform:
-    """Resize the shorter side to size / 0.875, centre-crop size, normalised float CHW tensor."""
+class ValTransform(_Transform):
+    """Resize the shorter side to size / 0.875, centre-crop size; uint8 or normalised float CHW.
+    The whole (possibly DCT-reduced) image is resized, then cropped: torchvision's order."""
 
     def __init__(self, size: int = 224, crop_fraction: float = CROP_FRACTION,
                  mean=IMAGENET_MEAN, std=IMAGENET_STD, draft: bool = True,
                  normalize: bool = True):
-        self.size, self.crop_fraction, self.mean, self.std = size, crop_fraction, mean, std
-        self.normalize = normalize
-        self.draft_size = int(size / crop_fraction) if draft else None
+        super().__init__(size, mean, std, draft, normalize)
+        self.crop_fraction = crop_fraction
 
-    def __call__(self, img, rng: np.random.Generator | None = None) -> torch.Tensor:
-        img = _as_pil(img)
-        width, height = img.size
-        box = val_box(height, width, self.size, self.crop_fraction)
-        out = img.resize((self.size, self.size), Image.BILINEAR, box=box)
-        return _finish(out, self.normalize, self.mean, self.std)
+    def __call__(self, image, rng: np.random.Generator | None = None) -> torch.Tensor:
+        height, width = _size(image)
+        new_h, new_w, top, left = val_geometry(height, width, self.size, self.crop_fraction)
+        pixels = _pixels(image, self._reduction(image, min(height, width), min(new_h, new_w)))
+        if pixels.shape[:2] != (height, width):   # DCT-reduced: a fractional box, as for training
+            left_, top_, right, bottom = val_box(height, width, self.size, self.crop_fraction)
+            sy, sx = pixels.shape[0] / height, pixels.shape[1] / width
+            return self._finish(resize_subpixel(pixels, (left_ * sx, top_ * sy, right * sx,
+                                                         bottom * sy), self.size, self.size))
+        resized = resize_box(pixels, 0, 0, height, width, new_h, new_w)
+        return self._finish(resized[:, top:top + self.size, left:left + self.size].contiguous())

@@ -3,6 +3,9 @@
 Set HPC_TRAIN_FAULT in the ranks' environment (e.g. through launch.env of a test spec):
     raise:RANK:STEP            rank RANK raises RuntimeError after finishing step STEP
     sleep:RANK:STEP:SECONDS    rank RANK sleeps SECONDS inside step STEP (a stalled rank)
+    slow_write:RANK:STEP:SECONDS  rank RANK's background write of the checkpoint of step STEP
+                               sleeps SECONDS after its own files and before the marker (rank
+                               0: before it finishes the checkpoint), while training goes on
     oom:RANK:STEP              rank RANK asks torch's allocator for 2**50 bytes: the real
                                out-of-memory error ("can't allocate memory") is raised
     exit:RANK:STEP             rank RANK ends at once with os._exit(1): no traceback, no event
@@ -44,9 +47,10 @@ def parse_fault(text: str | None) -> Fault | None:
     parts = text.split(":")
     if parts[0] in ("raise", "oom", "exit", "kill", "segv", "freeze") and len(parts) == 3:
         return Fault(parts[0], int(parts[1]), int(parts[2]))
-    if parts[0] == "sleep" and len(parts) == 4:
-        return Fault("sleep", int(parts[1]), int(parts[2]), float(parts[3]))
-    raise ValueError(f"{FAULT_ENV}={text!r}: expected raise|oom|exit|kill|segv|freeze:RANK:STEP or sleep:RANK:STEP:SECONDS")
+    if parts[0] in ("sleep", "slow_write") and len(parts) == 4:
+        return Fault(parts[0], int(parts[1]), int(parts[2]), float(parts[3]))
+    raise ValueError(f"{FAULT_ENV}={text!r}: expected raise|oom|exit|kill|segv|freeze:RANK:STEP or "
+                     "sleep|slow_write:RANK:STEP:SECONDS")
 
 
 class FaultInjector:
@@ -54,9 +58,15 @@ class FaultInjector:
         self.rank = rank
         self.fault = parse_fault(environ.get(FAULT_ENV))
 
+    def during_write(self, step: int) -> None:
+        """Called by the checkpoint writer between this rank's files and the marker."""
+        fault = self.fault
+        if fault is not None and fault.kind == "slow_write" and (fault.rank, fault.step) == (self.rank, step):
+            time.sleep(fault.seconds)
+
     def at_step(self, step: int) -> None:
         fault = self.fault
-        if fault is None or fault.rank != self.rank:
+        if fault is None or fault.rank != self.rank or fault.kind == "slow_write":
             return
         if fault.kind == "freeze" and step >= fault.step:
             os.kill(os.getpid(), signal.SIGSTOP)

@@ -3,6 +3,13 @@
 All decisions are made at the same step on every rank: step-count rules need no talk, and the
 rules that depend on a clock or a signal (every_minutes, deadline, USR2/TERM) are agreed with one
 small all-reduce every AGREE_EVERY steps.
+
+checkpoint.write: async (the default): at the step boundary the state is captured and copied to
+host memory (`HostSnapshot`; pinned for GPU tensors), the temporary directory is made (one
+barrier), and training goes on while a background thread serialises and renames
+(`BackgroundWriter`, one write at a time). A stop for requeue and the end of training wait for
+the write (at most launch.stall_seconds) and meet at a barrier, so no rank exits before rank 0
+has written the marker. sync: the whole save blocks, as before.
 """
 
 from __future__ import annotations
@@ -14,6 +21,8 @@ import torch
 
 from hpc_train import events
 from hpc_train.checkpoint.manager import CheckpointManager
+from hpc_train.checkpoint.snapshot import HostSnapshot
+from hpc_train.checkpoint.writer import BackgroundWriter, guard_forks
 from hpc_train.errors import CheckpointError, CheckpointMismatch
 from hpc_train.runtime.stop import StopFlag, agreed_reason, one_hot, should_agree
 from hpc_train.spec import spec_hash
@@ -41,6 +50,13 @@ class Checkpointing:
         self.hash = spec_hash(trainer.spec)
         self.last_saved_step: int | None = None
         self.last_save_time = time.monotonic()
+        self.asynchronous = ckpt.write == "async"
+        # Every wait for a write is bounded by the watchdog's limit: past it, the driver would
+        # take the rank for stalled anyway.
+        self.writer = BackgroundWriter(timeout=trainer.spec.launch.stall_seconds)
+        self.snapshot = HostSnapshot()
+        if self.asynchronous:
+            guard_forks(self.writer)
 
     def _spec_change_allowed(self, saved_hash: str | None) -> bool:
         return events.spec_change_allowed_between(events.read(self.trainer.paths), saved_hash,
@@ -106,21 +122,56 @@ class Checkpointing:
                  f" (skipped unloadable checkpoints {skipped})" if skipped else "")
 
     def save(self, reason: str) -> None:
+        """Save this step; returns once training may change the state again (async: after
+        the host copy, while the write goes on in the background)."""
         step = self.trainer.step
         if step == self.last_saved_step:
             return
         started = time.perf_counter()
         self.trainer.heartbeat.progress(phase="checkpoint")
+        self.writer.wait()                  # at most one write in flight; raises a failed one
         replicated, per_rank, files = self.trainer.states.capture()
         replicated["spec"] = self.trainer.spec_dict      # checked against the job's at resume
         per_rank["rank"] = self.trainer.identity.rank
-        path = self.manager.save(step, replicated, per_rank, {"spec_hash": self.hash, "reason": reason},
-                                 files)
+        meta = {"spec_hash": self.hash, "reason": reason}
+        if self.asynchronous:
+            replicated, per_rank, files = self.snapshot.take((replicated, per_rank, files))
+            self.manager.prepare(step)
+            blocked = time.perf_counter() - started
+            self.writer.submit(lambda: self._write(step, reason, replicated, per_rank, files,
+                                                   meta, started, blocked))
+        else:
+            path = self.manager.save(step, replicated, per_rank, meta, files)
+            self._saved(step, reason, path, started, time.perf_counter() - started)
         self.last_saved_step, self.last_save_time = step, time.monotonic()
         self.trainer.heartbeat.progress(phase="saved")
+
+    def _write(self, step, reason, replicated, per_rank, files, meta, started, blocked) -> None:
+        """The background part: no collective here (those belong to the training thread)."""
+        rank0 = self.trainer.identity.rank == 0
+
+        def peers_done() -> None:
+            self.trainer.faults.during_write(step)
+            if rank0:
+                self.manager.wait_for_rank_files(step, self.writer.timeout)
+
+        path = self.manager.write(step, replicated, per_rank, meta, files, peers_done=peers_done)
+        if rank0:
+            self._saved(step, reason, path, started, blocked)
+
+    def _saved(self, step: int, reason: str, path, started: float, blocked: float) -> None:
         if self.trainer.identity.is_main:
             events.try_record(self.trainer.paths, events.checkpoint_saved(
-                step, reason, str(path), round(time.perf_counter() - started, 3)))
+                step, reason, str(path), round(time.perf_counter() - started, 3),
+                blocked_seconds=round(blocked, 3), mode="async" if self.asynchronous else "sync"))
+
+    def finish_writes(self) -> None:
+        """Wait for the pending write (bounded), then meet: when this returns on any rank, the
+        last checkpoint is complete (rank 0 wrote its marker before reaching the barrier)."""
+        if self.asynchronous:
+            self.trainer.heartbeat.progress(phase="checkpoint")
+            self.writer.wait()
+            self.trainer.backend.barrier()
 
     def _agree(self) -> tuple[str | None, bool]:
         """(stop reason, time-based save due), the same on every rank."""
@@ -134,12 +185,14 @@ class Checkpointing:
     def after_step(self, epoch_end: bool) -> None:
         """Save if due; on an agreed stop, save and raise StopForRequeue."""
         step = self.trainer.step
+        self.writer.raise_if_failed()       # a background write that failed fails the rank now
         stop_reason, time_due = self._agree() if should_agree(step) else (None, False)
         every = self.config.every_steps
         if stop_reason is None and (time_due or epoch_end or (every and step % every == 0)):
             self.save("epoch" if epoch_end else "periodic")
         if stop_reason is not None:
             self.save(f"stop: {stop_reason}")
+            self.finish_writes()
             if self.trainer.identity.is_main:
                 events.try_record(self.trainer.paths, events.stop_saved(step, stop_reason))
             raise StopForRequeue(stop_reason)

@@ -71,7 +71,7 @@ def _token_datasets(spec):
     return train, val
 
 
-def _datasets(spec):
+def _datasets(spec, uint8: bool):
     data = spec.data
     if data.kind in ("text", "tokens"):
         return _token_datasets(spec)
@@ -90,20 +90,54 @@ def _datasets(spec):
     from hpc_train.data.transforms import TrainTransform, ValTransform
 
     root = Path(data.path)
-    train = ShardedImages(root, "train", TrainTransform(data.image_size), seed=spec.run.seed)
+    normalize = not uint8
+    train = ShardedImages(root, "train", TrainTransform(data.image_size, normalize=normalize),
+                          seed=spec.run.seed)
     if len(train.class_names) != data.num_classes:
         raise DataError(f"{root}/train has {len(train.class_names)} classes but data.num_classes is "
                         f"{data.num_classes}: set data.num_classes: {len(train.class_names)}")
-    val = ShardedImages(root, "val", ValTransform(data.image_size)) if (root / "val").is_dir() else None
+    val = (ShardedImages(root, "val", ValTransform(data.image_size, normalize=normalize))
+           if (root / "val").is_dir() else None)
     return train, val
 
 
-def build_loaders(spec, rank: int, size: int, pin: bool,
+def normalizes_on_device(spec, device: torch.device) -> bool:
+    """Whether hdf5 image workers return uint8 and the rank normalises on `device`
+    (data.normalize_on; auto: on a GPU). Other data kinds have nothing to normalise."""
+    setting = spec.data.normalize_on
+    return spec.data.kind == "hdf5" and (setting == "device" or
+                                         (setting == "auto" and device.type == "cuda"))
+
+
+class DeviceInputs:
+    """A batch to the rank's device: a non_blocking copy (from pinned memory when the loader
+    pins, so it overlaps with compute on a GPU), then uint8 images normalised there with the
+    workers' own x * a + b (bit-identical to normalising in the workers, on CPU)."""
+
+    def __init__(self, device: torch.device, normalize: bool):
+        from hpc_train.data.transforms import scale_shift
+
+        self.device, self.normalize = device, normalize
+        self.scale, self.shift = (t.to(device) for t in scale_shift())
+
+    def __call__(self, images: torch.Tensor, labels: torch.Tensor):
+        images = images.to(self.device, non_blocking=True)
+        if self.normalize and images.dtype == torch.uint8:
+            images = images.float().mul_(self.scale).add_(self.shift)
+        return images, labels.to(self.device, non_blocking=True)
+
+    def batches(self, loader):
+        for images, labels in loader:
+            yield self(images, labels)
+
+
+def build_loaders(spec, rank: int, size: int, pin: bool, uint8: bool = False,
                   root: Path | None = None) -> tuple[DataLoader, DataLoader | None]:
-    """root: read the shards there instead of data.path (a node-local copy, data/stage.py)."""
+    """`uint8`: image transforms return uint8 CHW (see `normalizes_on_device`). root: read the
+    shards there instead of data.path (a node-local copy, data/stage.py)."""
     if root is not None:
         spec = dataclasses.replace(spec, data=dataclasses.replace(spec.data, path=str(root)))
-    train, val = _datasets(spec)
+    train, val = _datasets(spec, uint8)
     try:
         sampler = ResumableBlockSampler(len(train), rank, size, spec.data.batch_size, seed=spec.run.seed)
     except ValueError as exc:

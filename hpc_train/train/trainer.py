@@ -24,7 +24,7 @@ from hpc_train.spec import dump_spec_yaml, spec_to_dict
 from hpc_train.train.state import (CheckpointedState, ModelBuffers, ModelWeights, Progress,
                                    RngStreams, SamplerPosition)
 from hpc_train.train.checkpointing import Checkpointing
-from hpc_train.train.data import build_loaders
+from hpc_train.train.data import DeviceInputs, build_loaders, normalizes_on_device
 from hpc_train.train.meters import Window
 from hpc_train.train.optim import build_optimizer
 from hpc_train.train.precision import Precision
@@ -109,8 +109,7 @@ class DataParallelParts:
         totals = torch.zeros(3, dtype=torch.float64)  # loss sum, correct, count
         for images, labels in val_loader:
             tick()
-            images, labels = images.to(self.device), labels.to(self.device)
-            with self.precision.autocast():
+            with self.precision.autocast():   # batches come on the device (DeviceInputs)
                 logits = self.model(images)
             loss = torch.nn.functional.cross_entropy(logits.float(), labels, reduction="sum")
             totals += torch.tensor([loss.item(), (logits.argmax(1) == labels).sum().item(),
@@ -141,7 +140,9 @@ class Trainer:
         # them: it is drawn per sample from (seed, epoch, index) (data/transforms.sample_rng).
         torch.manual_seed(spec.run.seed + identity.rank)
         pin = spec.data.pin_memory and self.device.type == "cuda"
-        self.train_loader, self.val_loader = build_loaders(spec, *self.place.data_part, pin,
+        uint8 = normalizes_on_device(spec, self.device)
+        self.inputs = DeviceInputs(self.device, normalize=uint8)
+        self.train_loader, self.val_loader = build_loaders(spec, *self.place.data_part, pin, uint8,
                                                            root=data_root)
         self.sampler = self.train_loader.sampler
         # From the sampler, not len(loader): a resumed sampler's length counts only what is left.
@@ -198,6 +199,7 @@ class Trainer:
             epoch, done_in_epoch = divmod(self.step, self.steps_per_epoch)
             self.train_epoch(epoch, done_in_epoch, checkpoints)
         checkpoints.save("final")
+        checkpoints.finish_writes()
         events.try_record(self.paths, events.rank_finished(
             self.identity.rank, self.step, parameters_digest(self.model), **self.parts.identity_fields()))
         self.backend.shutdown()
@@ -235,8 +237,7 @@ class Trainer:
         accumulation = self.spec.parallel.accumulation
         group = []
         for images, labels in batches:
-            group.append((images.to(self.device, non_blocking=True),
-                          labels.to(self.device, non_blocking=True)))
+            group.append(self.inputs(images, labels))
             if len(group) == accumulation:
                 yield group
                 group = []
@@ -296,7 +297,7 @@ class Trainer:
                                               for k, v in rates.items()))
 
     def evaluate(self, epoch: int) -> None:
-        totals = self.parts.evaluate(self.val_loader,
+        totals = self.parts.evaluate(self.inputs.batches(self.val_loader),
                                      lambda: self.heartbeat.progress(phase="evaluate"))
         self.record_evaluation(epoch, totals, self.parts.accuracy_name)
 

@@ -14,7 +14,11 @@ def test_bench_checkpoint_reports_ours_and_baselines(tmp_path):
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout)
     assert result["rounds"] == 2 and result["model"] == "resnet_tiny"
-    for key in ("ours_s", "bare_torch_save_s", "bare_torch_save_fsync_s"):
+    for key in ("sync_s", "async_blocked_s", "async_total_s", "bare_torch_save_s",
+                "bare_torch_save_fsync_s", "loop_rate_while_writing"):
         assert result[key] > 0
-    assert result["ratio"] == pytest.approx(result["ours_s"] / result["bare_torch_save_s"], rel=0.01)
+    assert result["async_blocked_s"] <= result["async_total_s"]
+    for ours, ratio in (("sync_s", "sync_vs_bare"), ("async_blocked_s", "async_blocked_vs_bare"),
+                        ("async_total_s", "async_total_vs_bare")):
+        assert result[ratio] == pytest.approx(result[ours] / result["bare_torch_save_s"], rel=0.01)
     assert list(tmp_path.iterdir()) == []            # the benchmark cleans up after itself

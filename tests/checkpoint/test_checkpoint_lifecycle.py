@@ -126,3 +126,68 @@ def test_a_full_disk_during_a_save_keeps_the_previous_checkpoint(small_disk):
     assert [json.loads(line)["event"] for line in lines]
     out = cli("diagnose", str(paths.root))
     assert out.returncode == 0 and "ENOSPC" in out.stdout, out.stdout
+
+
+def _beat(paths, rank: int) -> dict:
+    try:
+        return json.loads(paths.rank_heartbeat(rank).read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+@pytest.mark.mpi
+@pytest.mark.horovod
+@pytest.mark.slow
+def test_sigkill_during_a_background_write_leaves_the_previous_checkpoint(tmp_path):
+    """checkpoint.write: async (the default). Rank 0's background write of step 20 is held
+    after every rank's file is on disk and before the marker (HPC_TRAIN_FAULT slow_write) while
+    training goes on; rank 0 is then SIGKILLed. Step 10 stays the newest complete checkpoint,
+    loads with weights_only, and the next run resumes from it and completes."""
+    import torch
+
+    paths = local_run(tmp_path, "checkpoint.every_steps=10", "log.every_steps=1",
+                      "optim.max_steps=30", "launch.env.HPC_TRAIN_FAULT=slow_write:0:20:120")
+    assert paths.spec.read_text().count("write: async") == 1
+    tmp = paths.checkpoints / layout.tmp_dir_name(20)
+    seen = {}
+
+    def kill_rank0_mid_write():
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            written = {p.name for p in tmp.glob("rank-*.pt")} if tmp.is_dir() else set()
+            beat = _beat(paths, 0)
+            # Both ranks' files are in the temporary directory and training is past step 20.
+            if written == {"rank-00000.pt", "rank-00001.pt"} and beat.get("step", 0) > 21:
+                seen.update(step=beat["step"], written=sorted(written))
+                os.kill(beat["pid"], signal.SIGKILL)
+                return
+            time.sleep(0.05)
+
+    killer = threading.Thread(target=kill_rank0_mid_write)
+    killer.start()
+    returncode = drive(paths)
+    killer.join()
+    assert seen, f"the write of step 20 was never seen in flight\n{describe_failure(paths)}"
+    assert returncode != 0
+    assert layout.list_complete(paths.checkpoints) == [10]
+    assert not (paths.checkpoints / layout.step_dir_name(20)).exists()
+    for name in (layout.REPLICATED, layout.rank_file_name(0), layout.rank_file_name(1)):
+        torch.load(paths.checkpoints / layout.step_dir_name(10) / name, weights_only=True)
+    saved = events(paths, "checkpoint_saved")
+    assert [(e["step"], e["mode"]) for e in saved] == [(10, "async")]
+    assert saved[0]["blocked_seconds"] <= saved[0]["seconds"]
+
+    # The next run, without the fault (as `resume --set ... --allow-spec-change` would record
+    # it), resumes from step 10 and finishes.
+    from hpc_train import events as vocabulary
+    from hpc_train.spec import dump_spec_yaml, load_spec, spec_hash
+
+    before = load_spec(paths.spec)
+    after = load_spec(paths.spec, ["launch.env.HPC_TRAIN_FAULT=''"])
+    paths.spec.write_text(dump_spec_yaml(after))
+    vocabulary.record(paths, vocabulary.spec_change_allowed(spec_hash(before), spec_hash(after),
+                                                            ["launch.env.HPC_TRAIN_FAULT"]))
+    assert drive(paths) == 0, describe_failure(paths)
+    assert events(paths, "resumed")[-1]["from_checkpoint"] == 10
+    assert {e["step"] for e in events(paths, "rank_finished")} == {30}
+    assert layout.list_complete(paths.checkpoints)[-1] == 30

@@ -71,3 +71,16 @@ def test_demo_converts_cleanly_with_val_using_train_classes(tmp_path, capsys):
     assert main(["data", "verify", str(out)]) == 0
     train = json.loads((out / "train/manifest.json").read_text())
     assert train["num_samples"] == 27 and train["num_skipped"] == 0
+
+
+def test_photo_demo_is_shaped_like_imagenet_photos(tmp_path):
+    assert main(["data", "demo", "--out", str(tmp_path / "p"), "--classes", "2", "--per-class", "12",
+                 "--val-per-class", "1", "--size", "120", "--photo"]) == 0
+    files = sorted((tmp_path / "p" / "train").rglob("*"))
+    images = [Image.open(f) for f in files if f.is_file()]
+    assert len(images) == 24 and {im.format for im in images} == {"JPEG"}
+    assert {im.mode for im in images} == {"RGB"}
+    shapes = [(im.width, im.height) for im in images]
+    landscape = [w / h for w, h in shapes if w > h]
+    assert landscape and all(abs(r - 4 / 3) < 0.02 for r in landscape)
+    assert any(h > w for w, h in shapes)                       # some portraits

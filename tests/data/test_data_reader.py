@@ -277,7 +277,14 @@ def test_bench_data_measures_every_configuration(tmp_path, capsys):
                  "--json", "--quiet"]) == 0
     report = json.loads(capsys.readouterr().out)
     rows = {r["config"]: r for r in report["rows"]}
-    assert set(rows) == {"folder", "shards-jpeg", "shards-jpeg-1", "shards-raw", "memory"}
+    from hpc_train.data import decode
+
+    pillow_row = {"shards-jpeg-pillow"} if decode.simplejpeg is not None else set()
+    assert set(rows) == {"torchvision", "folder", "shards-jpeg", "shards-jpeg-1", "shards-raw",
+                         "memory", *pillow_row}
     assert all(r["images_per_s"] > 0 and len(r["rounds"]) == 2 for r in rows.values())
-    assert rows["folder"]["vs_folder"] == 1.0 and rows["memory"]["vs_ceiling"] == 1.0
+    assert rows["torchvision"]["vs_torchvision"] == 1.0 and rows["memory"]["vs_ceiling"] == 1.0
+    for r in rows.values():   # --workers 0: the main process is the one core
+        assert r["images_per_s_per_core"] == r["images_per_s"]
+        assert r["cores_per_gpu"] == pytest.approx(3000 / r["images_per_s"], abs=0.01)
     assert report["settings"]["page_cache"].startswith("warm")

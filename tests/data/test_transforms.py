@@ -9,7 +9,7 @@ import pytest
 import torch
 from PIL import Image
 
-from hpc_train.data.decode import decode_image
+from hpc_train.data.decode import open_encoded
 from hpc_train.data.transforms import (IMAGENET_MEAN, IMAGENET_STD, TrainTransform, ValTransform,
                                        rrc_params, to_normalized_tensor, val_box)
 
@@ -124,23 +124,49 @@ def test_val_transform_equals_resize_then_crop():
     assert (out - reference).abs().max() < 2 / 255
 
 
-def test_draft_decodes_a_large_jpeg_at_reduced_size():
+@pytest.mark.parametrize("decoder", ["simplejpeg", "pillow"])
+def test_reduced_decode_of_a_large_jpeg(decoder, jpeg_decoders):
+    if decoder not in jpeg_decoders:
+        pytest.skip("simplejpeg is not installed")
     data = _jpeg(1024, 800)
-    full, header = decode_image(data)
-    small, header_small = decode_image(data, draft_to=224)
-    assert full.size == (1024, 800) and header == header_small == (800, 1024)
-    assert small.size == (512, 400) and small.mode == "RGB"   # 1/2: both sides stay >= 224
-    assert min(decode_image(data, draft_to=96)[0].size) == 100   # 1/8
+    image = open_encoded(data, decoder)
+    assert image.size == (800, 1024)                      # the header, nothing decoded yet
+    assert image.pixels().shape == (800, 1024, 3)
+    assert image.pixels(2).shape == (400, 512, 3)
+    assert image.pixels(8).shape == (100, 128, 3)
 
 
-def test_draft_keeps_images_under_twice_the_target_at_full_size():
-    assert decode_image(_jpeg(400, 350), draft_to=224)[0].size == (400, 350)
+@pytest.mark.parametrize("decoder", ["simplejpeg", "pillow"])
+def test_train_crop_decides_the_reduction(decoder, jpeg_decoders, monkeypatch):
+    if decoder not in jpeg_decoders:
+        pytest.skip("simplejpeg is not installed")
+    asked = []
+    pixels = type(open_encoded(_jpeg(8, 8))).pixels
+    monkeypatch.setattr(type(open_encoded(_jpeg(8, 8))), "pixels",
+                        lambda self, reduce=1: asked.append(reduce) or pixels(self, reduce))
+    # A 400x350 image: no crop can be reduced for a 224 output; a 1600x1200 one often can.
+    for seed in range(30):
+        TrainTransform(224)(open_encoded(_jpeg(400, 350), decoder), np.random.default_rng(seed))
+    assert set(asked) == {1}
+    asked.clear()
+    big = open_encoded(_jpeg(1600, 1200), decoder)
+    for seed in range(30):
+        top, left, h, w = rrc_params(1200, 1600, np.random.default_rng(seed))
+        out = TrainTransform(224)(big, np.random.default_rng(seed))
+        assert out.shape == (3, 224, 224)
+        assert min(h, w) >= asked[-1] * 224              # the crop stays >= the output size
+        assert asked[-1] == 1 or min(h, w) < asked[-1] * 2 * 224   # and the largest such factor
+    assert max(asked) >= 2
+    asked.clear()
+    ValTransform(224)(big)
+    assert asked == [4]                                   # shorter side 1200 >= 4 x 256
 
 
-def test_truncated_jpeg_fails_inside_decode():
+def test_truncated_jpeg_fails_inside_decode(jpeg_decoders):
     data = _jpeg(200, 200)
-    with pytest.raises(OSError):
-        decode_image(data[: len(data) // 2])
+    for decoder in jpeg_decoders:
+        with pytest.raises((OSError, ValueError)):
+            open_encoded(data[: len(data) // 2], decoder).pixels()
 
 
 def test_uint8_output_normalised_later_equals_normalised_output():

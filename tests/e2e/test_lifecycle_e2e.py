@@ -3,7 +3,8 @@ crops and flips, two data workers per rank, persistent workers):
 
 - stopped three ways (USR2 to the batch shell, `scontrol requeue`, `scancel --signal=TERM --full`)
   it ends COMPLETED with every rank's parameters bit-identical to the uninterrupted run, under
-  Horovod and DDP alike;
+  Horovod and DDP alike, with asynchronous checkpoints (`checkpoint.write: async`, the shipped
+  default; the sync writer is covered by tests/train/test_resume_exact.py);
 - a rank frozen with SIGSTOP is named by `status` and `diagnose` while frozen, and the driver's
   watchdog requeues the job from its last checkpoint well before the time limit;
 - a rank that freezes on every run ends FAILED after its retries, never TIMEOUT;
@@ -195,6 +196,7 @@ def test_smoke_job_stopped_three_ways_ends_bit_identical(backend, jobs, slurm_cl
     assert "REQUEUED" in subprocess.run(["sacct", "-D", "-X", "-n", "-P", "-j", job.job_id, "-o", "State"],
                                         capture_output=True, text=True, timeout=30).stdout
     assert events(paths, "finished")[-1]["status"] == "completed"
+    assert {e["mode"] for e in events(paths, "checkpoint_saved")} == {"async"}
     # The USR2 stop saved where the ranks agreed; the others resumed from the last checkpoint.
     assert stops[0]["resumed_from"] == events(paths, "stop_saved")[0]["step"]
 

@@ -28,9 +28,10 @@ def final_state(paths, rank: int):
     return replicated, own
 
 
-@pytest.mark.parametrize("precision", ["fp32", "fp16"])
-def test_twice_interrupted_run_matches_uninterrupted(precision, tmp_path):
-    overrides = [*DETERMINISTIC, f"precision.mode={precision}"]
+# Both checkpoint writers: async (the default: host snapshot, background write) and sync.
+@pytest.mark.parametrize("precision, write", [("fp32", "async"), ("fp16", "sync")])
+def test_twice_interrupted_run_matches_uninterrupted(precision, write, tmp_path):
+    overrides = [*DETERMINISTIC, f"precision.mode={precision}", f"checkpoint.write={write}"]
     straight = local_run(tmp_path, *overrides, name="straight")
     assert drive(straight) == 0
 
@@ -40,6 +41,7 @@ def test_twice_interrupted_run_matches_uninterrupted(precision, tmp_path):
     assert drive(stopped, signal_at_step=17, signum=signal.SIGTERM) == STOP_EXIT
     assert drive(stopped) == 0
 
+    assert {e["mode"] for e in events(stopped, "checkpoint_saved")} == {write}
     stops = events(stopped, "stop_saved")
     # The driver passes both on as USR2 (mpirun would abort on TERM); it records what it got.
     assert [e["reason"] for e in stops] == ["SIGUSR2", "SIGUSR2"]
