@@ -13,7 +13,7 @@ Randomness comes from the `np.random.Generator` the caller passes: a transform i
 function of (image, generator state), which is what the tests rely on. Datasets pass
 `sample_rng(seed, epoch, index)`, so a sample's crop and flip depend on nothing else. Inputs are
 `decode.Encoded` (JPEG bytes, decoded here), uint8 HWC numpy arrays (raw shards) or RGB PIL images.
-Outputs are uint8 CHW (normalize=False: the rank normalises on its device with `normalize_batch`)
+Outputs are uint8 CHW (normalize=False: the rank normalises on its device, train/data.py DeviceInputs)
 or normalised float32 CHW; both use the same x * a + b arithmetic, so they agree bit for bit on CPU.
 """
 
@@ -154,7 +154,7 @@ class _Transform:
 
     def _finish(self, chw: torch.Tensor) -> torch.Tensor:
         # normalize=False: uint8, 4x fewer bytes through worker queues and host-to-device
-        # copies; the rank then normalises on its device (normalize_batch).
+        # copies; the rank then normalises on its device (train/data.py: DeviceInputs).
         return normalize_uint8(chw, *self._scale_shift) if self.normalize else chw
 
 
