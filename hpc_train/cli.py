@@ -220,10 +220,12 @@ def build_parser() -> argparse.ArgumentParser:
     from hpc_train.evaluate.cli import register as register_evaluate
     from hpc_train.export.cli import register as register_export
     from hpc_train.inspection.cli import register as register_inspect
+    from hpc_train.workflow.cli import register as register_workflow
 
     register_data(commands)
     register_bench(commands)
     register_inspect(commands)
+    register_workflow(commands)
     register_evaluate(commands)
     register_export(commands)
     return parser
