@@ -22,6 +22,8 @@ def _detail(s: StageStatus) -> str:
     parts = [s.failure and f"failed: {s.failure}", s.reason]
     if s.kind == "train" and len(s.run_dirs) == 1:
         parts.append(s.run_dirs[0])
+    if s.kind == "evaluate" and s.run_dirs:
+        parts.append(f"on {s.run_dirs[0]}")
     if s.best is not None:
         parts.append(f"best: member {s.best}")
     return "; ".join(p for p in parts if p)

@@ -37,6 +37,15 @@ def current_jobs(history: list[dict], name: str) -> list[str]:
     return sorted(set(members.values())) if members else list(events.stage_jobs(history, name).values())
 
 
+def waiting_job(history: list[dict], name: str) -> str:
+    """What a later stage waits for: the stage's last job; a sweep's arrays (`128:131` in a
+    dependency waits for both)."""
+    members = events.member_jobs(history, name)
+    if members:
+        return ":".join(sorted({job.split("_")[0] for job in members.values()}, key=int))
+    return list(events.stage_jobs(history, name).values())[-1]
+
+
 def _active(history: list[dict], name: str, rows: dict) -> bool:
     return any(queue.is_active(row.state) for job in current_jobs(history, name)
                for row in queue.rows_of(rows, job))
@@ -79,7 +88,7 @@ def resume(directory: str | Path, overrides: list[str], allow_spec_change: bool)
     again = {n: Again(train_overrides(overrides, n, workflow), allow_spec_change,
                       _members_to_run(record["stages"][n])) for n in names if plan.stages[n].kind == "train"}
     _save(paths, record, plan, overrides)
-    waiting_on = {n: current_jobs(history, n)[-1] for n in active}
+    waiting_on = {n: waiting_job(history, n) for n in active}
     complete = [n for n in complete if n not in todo]
     if not names:
         return Resumed(paths, complete, waiting_on, [], {}, {})

@@ -161,23 +161,28 @@ def _first(texts) -> str:
 
 def _script_stage(paths, name, record, history, rows, local: bool) -> StageStatus:
     jobs = events.stage_jobs(history, name)
-    found = [r for job in jobs.values() for r in queue.rows_of(rows or {}, job)]
+    per_job = [queue.rows_of(rows or {}, job) for job in jobs.values()]
+    found = [r for job_rows in per_job for r in job_rows]
     last = None
     if local:
         state, last = events.local_state(history, name)
         elapsed = last.get("seconds") if last and "seconds" in last else None
         reason = (last or {}).get("detail", "") if state == "CANCELLED" else ""
-    else:
-        state, elapsed, reason = queue.combine([r.state for r in found]), _elapsed(found), ""
+    elif jobs and all(per_job):
+        state, elapsed = queue.combine([r.state for r in found]), _elapsed(found)
         reason = _reason(found, state)
-    if not found and not local:
-        # Slurm has nothing to say (accounting off, forgotten): the stage's files do.
-        state = "UNKNOWN" if jobs else "NOT SUBMITTED"
+    else:
+        # Slurm has nothing (or not everything) to say: forgotten, accounting off or behind.
+        # The stage's own files tell whether it is done.
+        state, elapsed, reason = ("UNKNOWN" if jobs else "NOT SUBMITTED"), _elapsed(found), ""
         if verify.incomplete(paths, name, record, history) is None:
             state = "COMPLETED"
     metric_name = value = None
+    run_dirs = []
     if record["kind"] == "evaluate":
-        latest = verify.evaluations(verify.evaluated_run(record, history), record.get("split", "val"))
+        evaluated = verify.evaluated_run(record, history)      # a sweep's best: once chosen
+        run_dirs = [evaluated] if evaluated else []
+        latest = verify.evaluations(evaluated, record.get("split", "val"))
         if latest:
             metric_name = "accuracy"
             value = json.loads(latest[-1].read_text()).get("accuracy")
@@ -186,7 +191,7 @@ def _script_stage(paths, name, record, history, rows, local: bool) -> StageStatu
         codes = [f"{r.job_id} exit {r.exit_code}" for r in found if r.state in queue.FAILED_STATES]
         failure = last_error(paths, name) or ((last or {}).get("detail") if local else "; ".join(codes))
     return StageStatus(name, record["kind"], state, list(jobs.values()), elapsed, metric_name,
-                       value, reason, failure)
+                       value, reason, failure, run_dirs)
 
 
 def collect(directory: str | Path, slurm: bool = True) -> WorkflowStatus:

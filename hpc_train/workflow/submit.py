@@ -124,8 +124,12 @@ def submit_stages(plan: Plan, names: list[str], waiting_on: dict[str, str],
     for name in names:
         try:
             done[name] = submit_stage(plan, name, waiting_on, (again or {}).get(name))
-        except HpcTrainError as exc:
-            raise _failed(plan.paths, name, exc, done) from exc
+        except KeyboardInterrupt:
+            _failed(plan.paths, name, SubmitError("interrupted (Ctrl-C)"), done)
+            raise
+        except Exception as exc:  # noqa: BLE001 - sbatch, submitit, a full disk: all end here
+            error = exc if isinstance(exc, HpcTrainError) else SubmitError(f"{type(exc).__name__}: {exc}")
+            raise _failed(plan.paths, name, error, done) from exc
         waiting_on[name] = done[name].last
     return done
 

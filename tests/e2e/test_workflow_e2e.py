@@ -93,7 +93,7 @@ def chores_file(tmp_path: Path, **extra) -> str:
 
 def test_a_failure_cancels_what_waits_and_resume_reruns_it_and_after(slurm_cluster, tmp_path):
     paths = start(slurm_cluster, "run", chores_file(tmp_path))
-    status = settle(paths, 120)
+    status = settle(paths, 900)
     assert states(status) == {"fetch": "COMPLETED", "check": "FAILED", "publish": "CANCELLED",
                               "report": "COMPLETED"}, status
     assert "DependencyNeverSatisfied" in stage(status, "publish")["reason"]
@@ -111,7 +111,7 @@ def test_a_failure_cancels_what_waits_and_resume_reruns_it_and_after(slurm_clust
     assert [li.split()[1] for li in out.stdout.splitlines() if "again:" in li] == ["check", "publish", "report"]
     again = cli("workflow", "resume", str(paths.root))            # at once: the same jobs are queued
     assert again.returncode == 0 and "nothing to submit" in again.stdout, again.stdout
-    status = settle(paths, 120)
+    status = settle(paths, 900)
     assert set(states(status).values()) == {"COMPLETED"}, status
     assert stage(status, "fetch")["job_ids"] == [fetch]            # not run again
     assert (paths.root / "published").is_file()
@@ -136,7 +136,7 @@ def test_a_submission_failing_midway_is_cancelled_and_resumable(slurm_cluster, t
     out = cli("workflow", "resume", str(paths.root), "--set", "publish.slurm.partition=null")
     assert out.returncode == 0, out.stderr
     slurm_cluster.job_ids.extend(job_ids(paths))
-    status = settle(paths, 120)
+    status = settle(paths, 900)
     assert set(states(status).values()) == {"COMPLETED"}, status
     assert status["submission_error"] is None
 
@@ -162,7 +162,7 @@ def test_smoke_workflow_shards_trains_evaluates_and_exports(slurm_cluster, tmp_p
 
     paths = start(slurm_cluster, "run", "workflows/smoke.yaml", "--root", str(tmp_path),
                   "--set", f"train.run.root={tmp_path}")
-    status = settle(paths, 600)
+    status = settle(paths, 900)
     run = RunPaths(Path(stage(status, "train")["run_dirs"][0]))
     assert set(states(status).values()) == {"COMPLETED"}, (status, describe_failure(run))
     shard = stage(status, "shard_train")["job_ids"]
@@ -197,7 +197,7 @@ def test_sweep_is_one_array_survives_a_member_requeue_and_evaluates_the_best(slu
     members = [RunPaths(Path(d)) for d in yaml.safe_load(paths.resolved.read_text())["stages"]["train"]["run_dirs"]]
     assert "#SBATCH --array=0-3%2" in members[0].sbatch.read_text().splitlines()
     # Requeue member 0 (the smaller batch: the longer run) while it trains.
-    deadline = time.monotonic() + 300
+    deadline = time.monotonic() + 600                              # queue wait included
     while heartbeat_step(members[0]) < 2:
         assert time.monotonic() < deadline, describe_failure(members[0])
         running = subprocess.run(["squeue", "-h", "-r", "-j", array, "-t", "RUNNING", "-o", "%i"],
@@ -230,7 +230,7 @@ def test_a_failed_stage_cancels_its_dependents_and_resume_reruns_from_it(slurm_c
     paths = start(slurm_cluster, "run", "workflows/smoke.yaml", "--root", str(tmp_path),
                   "--set", f"train.run.root={tmp_path}", "--set", "train.optim.epochs=1",
                   "--set", "train.launch.env.HPC_TRAIN_FAULT=raise:1:3")
-    status = settle(paths, 300)
+    status = settle(paths, 900)
     assert states(status) == {"shard_train": "COMPLETED", "shard_val": "COMPLETED", "train": "FAILED",
                               "evaluate": "CANCELLED", "export": "CANCELLED"}, status
     for name in ("evaluate", "export"):
@@ -249,7 +249,7 @@ def test_a_failed_stage_cancels_its_dependents_and_resume_reruns_from_it(slurm_c
     slurm_cluster.job_ids.extend(job_ids(paths))
     assert "complete, skipped:   shard_train, shard_val" in out.stdout
     assert [li.split()[1] for li in out.stdout.splitlines() if "again:" in li] == ["train", "evaluate", "export"]
-    status = settle(paths, 600)
+    status = settle(paths, 900)
     run = RunPaths(Path(stage(status, "train")["run_dirs"][0]))
     assert set(states(status).values()) == {"COMPLETED"}, (status, describe_failure(run))
     assert {name: stage(status, name)["job_ids"] for name in shard_jobs} == shard_jobs

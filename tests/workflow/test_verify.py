@@ -47,3 +47,15 @@ def test_the_evaluated_run_of_a_best_member_and_its_latest_evaluation(tmp_path):
     (tmp_path / "eval-train-5.json").write_text("{}")
     assert [p.name for p in verify.evaluations(str(tmp_path), "val")] == \
         ["eval-val-92.json", "eval-val-184.json", "eval-val-1000.json"]
+
+
+def test_what_a_later_stage_waits_for_on_resume():
+    from hpc_train.workflow import events
+    from hpc_train.workflow.resume import current_jobs, waiting_job
+
+    history = [events.stage_submitted("shard", {"array": "10", "manifest": "11"}),
+               events.stage_submitted("train", {"sweep": "12"}, {k: f"12_{k}" for k in range(4)}),
+               events.stage_submitted("train", {"sweep": "20"}, {1: "20_1", 3: "20_3"}, again=True)]
+    assert waiting_job(history, "shard") == "11"                  # the manifest job, last
+    assert waiting_job(history, "train") == "12:20"               # both arrays
+    assert current_jobs(history, "train") == ["12_0", "12_2", "20_1", "20_3"]
