@@ -35,8 +35,21 @@ def load_workflow(path: str | Path, overrides: list[str] = ()) -> Workflow:
     """The checked workflow in `path`; raises SpecInvalid listing every problem."""
     data, problems = read_spec_file(path)
     if data is None:
-        raise SpecInvalid(problems)
+        raise SpecInvalid([_about_workflows(p) for p in problems])
     return workflow_from_dict(data, overrides)
+
+
+_SPEC_WORDS = (("jobs/smoke.yaml", "workflows/smoke.yaml"), ("specs live in jobs/", "workflows live "
+               "in workflows/"), ("(run, slurm, data, ...)", "(name, stages, ...)"),
+               ("at least run: {name: my-run}", "at least name: and stages:"))
+
+
+def _about_workflows(problem: Problem) -> Problem:
+    """The file reader's problems (shared with job specs) in a workflow's words."""
+    rule, fix = problem.rule, problem.fix
+    for spec_words, workflow_words in _SPEC_WORDS:
+        rule, fix = rule.replace(spec_words, workflow_words), fix.replace(spec_words, workflow_words)
+    return dataclasses.replace(problem, rule=rule, fix=fix)
 
 
 def workflow_from_dict(data: dict, overrides: list[str] = ()) -> Workflow:

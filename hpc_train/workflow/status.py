@@ -108,7 +108,8 @@ def _run_state(run_dir: str, job_id: str | None, rows: dict | None) -> tuple[str
     found = queue.rows_of(rows, job_id) if rows is not None and job_id else []
     if found:
         return queue.combine([r.state for r in found]), found
-    return run_events.state(run_events.read(RunPaths(Path(run_dir)))), []
+    state = run_events.state(run_events.read(RunPaths(Path(run_dir))))
+    return ("NOT SUBMITTED" if job_id is None and state == "UNKNOWN" else state), []
 
 
 def _member(record: dict, member: dict, job_id: str | None, rows) -> MemberStatus:

@@ -160,8 +160,9 @@ def test_smoke_workflow_shards_trains_evaluates_and_exports(slurm_cluster, tmp_p
     from hpc_train.export import load_exported
     from hpc_train.train.saved_run import SavedCheckpoint, choose_step, open_run
 
+    # One epoch instead of two: the same chain at half the CPU (this machine has two cores).
     paths = start(slurm_cluster, "run", "workflows/smoke.yaml", "--root", str(tmp_path),
-                  "--set", f"train.run.root={tmp_path}")
+                  "--set", f"train.run.root={tmp_path}", "--set", "train.optim.epochs=1")
     status = settle(paths, 900)
     run = RunPaths(Path(stage(status, "train")["run_dirs"][0]))
     assert set(states(status).values()) == {"COMPLETED"}, (status, describe_failure(run))

@@ -157,3 +157,14 @@ def test_the_shipped_workflows_are_valid(monkeypatch):
     assert (spec.model.name, spec.world_size, spec.data.path) == ("resnet50", 16, "/scratch/imagenet-shards")
     sweep = check("workflows/sweep.yaml", [])
     assert len(sweep.stages["train"].train.specs) == 4 and sweep.stages["train"].sweep.parallelism == 2
+
+
+def test_a_file_that_is_no_workflow_is_named_in_workflow_words(tmp_path):
+    (tmp_path / "empty.yaml").write_text("# nothing yet\n")
+    (tmp_path / "tabs.yaml").write_text("name: x\nstages:\n\tshard: {}\n")
+    for name, rule in (("empty.yaml", "the file is empty"), ("tabs.yaml", "not valid YAML"),
+                       ("missing.yaml", "file not found")):
+        with pytest.raises(SpecInvalid) as caught:
+            load_workflow(tmp_path / name)
+        assert len(caught.value.problems) == 1 and rule in str(caught.value)
+        assert "jobs/" not in str(caught.value)
