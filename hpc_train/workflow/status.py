@@ -70,9 +70,19 @@ def _reason(rows: list[queue.JobRow], state: str) -> str:
     if state == "PENDING":
         reasons = sorted({r.reason for r in rows if r.reason and queue.is_active(r.state)})
         return "waiting: " + ", ".join(reasons) if reasons else "waiting"
-    if state == "CANCELLED" and any("Dependency" in r.reason for r in rows):
-        return "cancelled by Slurm: a stage it waits for did not complete (DependencyNeverSatisfied)"
     return ""
+
+
+def explain_cancels(stages: list[StageStatus], record: dict) -> None:
+    """A stage cancelled while a stage it waits for (afterok) failed or was cancelled: Slurm
+    cancelled it (--kill-on-invalid-dep; sacct's Reason does not always say so)."""
+    by_name = {s.name: s for s in stages}
+    for s in stages:
+        before = [b for b in record["stages"][s.name].get("after", [])
+                  if b in by_name and by_name[b].state in BAD]
+        if s.state == "CANCELLED" and before and not s.reason:
+            s.reason = (f"cancelled by Slurm: {', '.join(before)} did not complete, so its "
+                        "dependency can never be satisfied (DependencyNeverSatisfied)")
 
 
 def _elapsed(rows: list[queue.JobRow]) -> float | None:
@@ -164,12 +174,18 @@ def _script_stage(paths, name, record, history, rows, local: bool) -> StageStatu
     jobs = events.stage_jobs(history, name)
     per_job = [queue.rows_of(rows or {}, job) for job in jobs.values()]
     found = [r for job_rows in per_job for r in job_rows]
+    tasks = record.get("tasks", 1)
+    # Slurm knows the stage when it has a row for every job, every task of an array included
+    # (accounting may lag behind a job that just ended).
+    known = bool(jobs) and all(per_job) and all(
+        len(job_rows) >= tasks for part, job_rows in zip(jobs, per_job)
+        if part == "array" or (part == "main" and record["kind"] == "command"))
     last = None
     if local:
         state, last = events.local_state(history, name)
         elapsed = last.get("seconds") if last and "seconds" in last else None
         reason = (last or {}).get("detail", "") if state == "CANCELLED" else ""
-    elif jobs and all(per_job):
+    elif known:
         state, elapsed = queue.combine([r.state for r in found]), _elapsed(found)
         reason = _reason(found, state)
     else:
@@ -211,6 +227,7 @@ def collect(directory: str | Path, slurm: bool = True) -> WorkflowStatus:
                 stages[-1].elapsed = (events.local_state(history, name)[1] or {}).get("seconds")
         else:
             stages.append(_script_stage(paths, name, stage, history, rows, local))
+    explain_cancels(stages, record)
     failed = next((s.name for s in stages if s.state in queue.FAILED_STATES), None)
     failure = events.submission_failure(history)
     return WorkflowStatus(record["name"], str(paths.root), "local" if local else "slurm", stages,
