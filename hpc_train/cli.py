@@ -238,11 +238,17 @@ def build_parser() -> argparse.ArgumentParser:
     # Command groups that live beside their code; these modules import nothing heavy.
     from hpc_train.bench.cli import register as register_bench
     from hpc_train.data.cli import register as register_data
+    from hpc_train.evaluate.cli import register as register_evaluate
+    from hpc_train.export.cli import register as register_export
     from hpc_train.inspection.cli import register as register_inspect
+    from hpc_train.workflow.cli import register as register_workflow
 
     register_data(commands)
     register_bench(commands)
     register_inspect(commands)
+    register_workflow(commands)
+    register_evaluate(commands)
+    register_export(commands)
     return parser
 
 

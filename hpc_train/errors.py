@@ -19,6 +19,13 @@ class SlurmUnavailable(HpcTrainError):
     exit_code = 2
 
 
+class UsageError(HpcTrainError):
+    """A command's argument names something that is not there or does not fit (a run directory,
+    a checkpoint step, a data path). Exit 2 and nothing is written."""
+
+    exit_code = 2
+
+
 class SubmitError(HpcTrainError):
     exit_code = 3
 

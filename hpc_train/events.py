@@ -15,6 +15,7 @@ import logging
 import os
 import time
 
+from hpc_train import scheduler
 from hpc_train.rundir import RunPaths, append_jsonl, read_jsonl
 
 log = logging.getLogger("hpc_train.events")
@@ -156,7 +157,7 @@ def finished(status: str, reason: str, returncode: int | None, seconds: float) -
 def stamped(event: dict, environ=os.environ, now: float | None = None) -> dict:
     """The event as written: time first, then the Slurm job and restart it happened in."""
     record = {"time": time.time() if now is None else now, "event": event["event"]}
-    if job_id := environ.get("SLURM_JOB_ID"):
+    if job_id := scheduler.job_ref(environ):     # `<array>_<task>` in a job array (a sweep)
         record["job_id"] = job_id
         record["restart"] = int(environ.get("SLURM_RESTART_COUNT") or 0)
     record.update(event)

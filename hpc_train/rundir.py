@@ -105,6 +105,10 @@ class RunPaths:
         (`job_id="*"` for a glob of every job's)."""
         return self.root / SLURM_OUTPUT.replace("%j", job_id)
 
+    def evaluation(self, split: str, step: int) -> Path:
+        """What `evaluate` writes for a split and a checkpoint step."""
+        return self.root / f"eval-{split}-{step}.json"
+
     def rank_log(self, rank: int) -> Path:
         return self.logs / f"{_rank_name(rank)}.log"
 
@@ -139,6 +143,21 @@ class RunPaths:
         paths = cls(candidate)
         paths.make_dirs()
         return paths
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Write `path` whole or not at all: a temporary file beside it, fsynced, renamed over it.
+    A reader (a workflow checking for the file) never sees half of it."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def append_jsonl(path: Path, record: dict) -> None:

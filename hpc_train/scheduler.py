@@ -31,6 +31,20 @@ class JobRecord:
     reason: str
 
 
+def job_ref(environ) -> str | None:
+    """How Slurm commands must name the job this process runs in: `<array job>_<task>` for a task
+    of a job array, else SLURM_JOB_ID; None outside Slurm.
+
+    An array task has a job id of its own (SLURM_JOB_ID), but one task's id is the array's id
+    itself, and `scontrol requeue <array id>` requeues every task of the array: a member of a
+    sweep must only ever requeue itself.
+    """
+    array, task = environ.get("SLURM_ARRAY_JOB_ID"), environ.get("SLURM_ARRAY_TASK_ID")
+    if array and task:
+        return f"{array}_{task}"
+    return environ.get("SLURM_JOB_ID") or None
+
+
 def parse_slurm_time(text: str) -> float | None:
     """squeue's %e ('2026-11-29T17:05:00', local time) -> UNIX time; None for 'N/A', 'Unknown'."""
     try:

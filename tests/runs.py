@@ -214,3 +214,39 @@ def wait_for(predicate, timeout: float, what: str):
             return value
         time.sleep(0.3)
     raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+# A tiny synthetic image run: quick to build a model of, and to evaluate.
+SYNTHETIC_RUN = ("data.kind=synthetic", "data.train_samples=128", "data.val_samples=60",
+                 "data.image_size=16", "data.workers=0", "data.batch_size=16")
+
+
+def checkpointed_run(root: Path, *overrides: str, name: str = "saved", steps=(8,),
+                     world_size: int = 2) -> RunPaths:
+    """A run directory with complete checkpoints of a freshly built model (no training) in the
+    on-disk layout the trainer writes, each rank with BatchNorm statistics of its own: for the
+    code that reads checkpoints (evaluate, export)."""
+    import torch
+
+    from hpc_train.checkpoint import layout
+    from hpc_train.models import build_model
+    from hpc_train.spec import load_spec, spec_hash
+
+    paths = local_run(root, *SYNTHETIC_RUN, *overrides, name=name)
+    paths.make_dirs()
+    spec = load_spec(paths.spec)
+    torch.manual_seed(0)
+    model = build_model(spec.model.name, spec.data.num_classes, spec.model.options)
+    for step in steps:
+        directory = paths.checkpoints / layout.step_dir_name(step)
+        directory.mkdir()
+        torch.save({"model": model.state_dict(), "spec": {}}, directory / layout.REPLICATED)
+        for rank in range(world_size):
+            buffers = {name: (value + 0.1 * rank * torch.rand_like(value.float())).to(value.dtype)
+                       if rank and value.is_floating_point() else value.clone()
+                       for name, value in model.named_buffers()}
+            torch.save({"buffers": buffers, "rank": rank}, directory / layout.rank_file_name(rank))
+        (directory / layout.META).write_text(json.dumps(
+            {"step": step, "world_size": world_size, "spec_hash": spec_hash(spec)}))
+        (directory / layout.MARKER).write_text(f"{step}\n")
+    return paths

@@ -32,7 +32,9 @@ def test_login_node_modules_do_not_import_heavy_libraries():
         "hpc_train.bench.inspect, hpc_train.bench.pipeline, hpc_train.launch.local, "
         "hpc_train.spec.pipeline_rules, hpc_train.inspection.report, hpc_train.inspection.report_render, "
         "hpc_train.slurm.snapshot, hpc_train.slurm.run_code, hpc_train.runtime.environment, "
-        "hpc_train.runtime.gpu_sampler; "
+        "hpc_train.runtime.gpu_sampler, hpc_train.slurm.array, hpc_train.workflow.cli, "
+        "hpc_train.workflow.run, hpc_train.workflow.status, hpc_train.workflow.resume, "
+        "hpc_train.workflow.best, hpc_train.workflow.local; "
         "heavy = [m for m in ('torch', 'horovod', 'h5py', 'mpi4py') if m in sys.modules]; "
         "hpc_train.cli.build_parser(); print(','.join(heavy))"
     )

@@ -17,8 +17,9 @@ LAYERS = {  # bottom to top; a module may import its own layer and those below
     "domain": ("hpc_train.spec", "hpc_train.launch", "hpc_train.checkpoint", "hpc_train.data",
                "hpc_train.models", "hpc_train.parallel"),
     "rank": ("hpc_train.train",),
-    "job": ("hpc_train.job",),
-    "login": ("hpc_train.slurm", "hpc_train.inspection", "hpc_train.doctor", "hpc_train.bench"),
+    "job": ("hpc_train.job", "hpc_train.evaluate", "hpc_train.export"),
+    "login": ("hpc_train.slurm", "hpc_train.inspection", "hpc_train.doctor", "hpc_train.bench",
+              "hpc_train.workflow"),
     "entry": ("hpc_train.cli", "hpc_train.__main__"),
 }
 ORDER = list(LAYERS)

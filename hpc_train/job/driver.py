@@ -103,7 +103,7 @@ def planned_end(spec: JobSpec, environ, started: float) -> float | None:
     time where it can be had, else our start plus the limit (an upper bound)."""
     if not under_slurm(environ):
         return None
-    return scheduler.job_end_time(environ["SLURM_JOB_ID"], environ) or started + spec.time_seconds
+    return scheduler.job_end_time(scheduler.job_ref(environ), environ) or started + spec.time_seconds
 
 
 def stop_deadline(spec: JobSpec, end: float | None) -> float | None:
@@ -212,7 +212,7 @@ def _carry_out(decision: Decision, paths: RunPaths, environ, restart: int, end: 
     end: the job's planned end, to tell a time limit from a cancel when Slurm ends it."""
     returncode, seconds = ended.returncode, ended.seconds
     if decision.action == "requeue":
-        job_id = environ["SLURM_JOB_ID"]
+        job_id = scheduler.job_ref(environ)   # a sweep member requeues its own task, never the array
         path = requeue_path(scheduler.show_job(job_id), restart)
         detail = "Slurm requeued the job already"
         if path == "driver":

@@ -26,11 +26,13 @@ from hpc_train.launch.network import mpirun_interface_args, srun_interface_env
 # PYTHONPATH and PYTHONSAFEPATH: the ranks import the run's code snapshot as the driver does.
 PASS_THROUGH = ("PATH", "LD_LIBRARY_PATH", "PYTHONPATH", "PYTHONSAFEPATH", "SLURM_JOB_ID",
                 "SLURM_RESTART_COUNT")
+# A task of a job array (a sweep member): the ranks name their job `<array>_<task>` in events.
+ARRAY_PASS_THROUGH = ("SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID")
 
 
 def inherited(environ: Mapping[str, str]) -> tuple[str, ...]:
     """The PASS_THROUGH variables that are set: Open MPI warns about each `-x` of an unset one."""
-    return tuple(name for name in PASS_THROUGH if name in environ)
+    return tuple(name for name in PASS_THROUGH + ARRAY_PASS_THROUGH if name in environ)
 
 
 @dataclass(frozen=True)

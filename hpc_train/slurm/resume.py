@@ -19,14 +19,27 @@ from hpc_train import events, scheduler
 from hpc_train.errors import SpecError, SubmitError
 from hpc_train.rundir import RunPaths
 from hpc_train.slurm.run_code import CODE_KEEP
-from hpc_train.slurm.submit import Submission, submit
-from hpc_train.spec import dump_spec_yaml, load_spec, spec_hash, spec_to_dict
+from hpc_train.slurm.submit import Options, Submission, submit
+from hpc_train.spec import JobSpec, dump_spec_yaml, load_spec, spec_hash, spec_to_dict
 from hpc_train.spec.diff import changed_keys
 
 
 def resume_run(run_dir: str | Path, overrides: list[str], allow_spec_change: bool,
-               use_slurm: bool | None = None, code: str = CODE_KEEP) -> Submission:
+               use_slurm: bool | None = None, code: str = CODE_KEEP,
+               options: Options | None = None) -> Submission:
+    """code: which code the job imports (slurm/run_code.py); options: sbatch options of this
+    submission only (a workflow's --dependency)."""
     paths = RunPaths(Path(run_dir).resolve())
+    spec = prepare_resume(paths, overrides, allow_spec_change)
+    result = submit(spec, use_slurm=use_slurm, paths=paths, code=code, options=options)
+    events.record(paths, events.resubmitted(result.job_id, result.executor))
+    return result
+
+
+def prepare_resume(paths: RunPaths, overrides: list[str], allow_spec_change: bool) -> JobSpec:
+    """The spec to submit `paths` again with: refused while its job is active; a spec changed by
+    `overrides` needs `allow_spec_change`, and is then saved with its record of consent. A sweep
+    member is resubmitted this way too, in an array of its own (slurm/array.py)."""
     if not paths.spec.is_file():
         raise SpecError(f"{paths.root} is not a run directory: it has no {paths.spec.name}")
     refuse_if_active(paths)
@@ -40,9 +53,7 @@ def resume_run(run_dir: str | Path, overrides: list[str], allow_spec_change: boo
         paths.spec.write_text(dump_spec_yaml(spec))
         # The ranks accept a checkpoint of another spec only with this record of consent.
         events.record(paths, events.spec_change_allowed(spec_hash(saved), spec_hash(spec), changed))
-    result = submit(spec, use_slurm=use_slurm, paths=paths, code=code)
-    events.record(paths, events.resubmitted(result.job_id, result.executor))
-    return result
+    return spec
 
 
 def refuse_if_active(paths: RunPaths) -> None:

@@ -7,11 +7,13 @@ mpirun. Under Slurm the script is made from the same parts as a rendered one (sl
 
 from __future__ import annotations
 
+import dataclasses
 import shlex
 import shutil
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from hpc_train import events, scheduler
 from hpc_train.errors import SlurmUnavailable, SpecError, SubmitError
@@ -28,6 +30,10 @@ class Submission:
     run_dir: Path
     executor: str          # "slurm" or "local"
     script: str            # the sbatch script ("" for the local executor)
+    job: Any = field(default=None, compare=False, repr=False)  # submitit's Job (wait on a local one)
+
+
+Options = dict[str, "str | bool"]   # sbatch option name (no --) -> value, True for a bare flag
 
 
 def submitit_options(parts: ScriptParts) -> dict[str, str | bool]:
@@ -41,14 +47,22 @@ def submitit_options(parts: ScriptParts) -> dict[str, str | bool]:
             if name not in ("output", "open-mode")}
 
 
-def slurm_executor(paths: RunPaths, parts: ScriptParts):
+def with_options(parts: ScriptParts, options: Options | None) -> ScriptParts:
+    """`parts` plus sbatch options of one submission only (a workflow's --dependency): they go
+    into the submitted script, never into the run's spec, so `resume` submits without them."""
+    return dataclasses.replace(parts, options={**parts.options, **options}) if options else parts
+
+
+def slurm_executor(paths: RunPaths, parts: ScriptParts, outputs: Options | None = None):
+    """outputs: submitit's own `output`/`error` replaced (a job array writes each task's log
+    into its member's run directory)."""
     import submitit
 
     # No `python` or `max_num_timeout`: they shape submitit's own entry point, which our driver
     # line replaces; the driver requeues the job itself (job/requeue.py).
     executor = submitit.SlurmExecutor(folder=paths.submitit)
     executor.update_parameters(use_srun=False, setup=parts.setup,
-                               additional_parameters=submitit_options(parts))
+                               additional_parameters={**submitit_options(parts), **(outputs or {})})
     return executor
 
 
@@ -66,16 +80,17 @@ def local_executor(spec: JobSpec, paths: RunPaths, python: str, code: Path | Non
 
 
 def planned_script(spec: JobSpec, run_dir: Path, python: str = sys.executable,
-                   snapshot: bool = False) -> str:
+                   snapshot: bool = False, options: Options | None = None) -> str:
     """The exact sbatch script `submit` would hand to Slurm, without creating anything."""
     paths = RunPaths(run_dir)
-    parts = script_parts(spec, paths, python, paths.code if snapshot else None)
+    parts = with_options(script_parts(spec, paths, python, paths.code if snapshot else None), options)
     return script_text(slurm_executor(paths, parts), parts.driver)
 
 
-def _submit_job(spec: JobSpec, paths: RunPaths, python: str, use_slurm: bool, code: Path | None):
+def _submit_job(spec: JobSpec, paths: RunPaths, python: str, use_slurm: bool, code: Path | None,
+                options: Options | None):
     if use_slurm:
-        parts = script_parts(spec, paths, python, code)
+        parts = with_options(script_parts(spec, paths, python, code), options)
         return submit_command(slurm_executor(paths, parts), parts.driver)
     from hpc_train.job.driver import Driver
 
@@ -85,9 +100,11 @@ def _submit_job(spec: JobSpec, paths: RunPaths, python: str, use_slurm: bool, co
 
 
 def submit(spec: JobSpec, python: str = sys.executable, use_slurm: bool | None = None,
-           paths: RunPaths | None = None, code: str = CODE_NEW) -> Submission:
+           paths: RunPaths | None = None, code: str = CODE_NEW,
+           options: Options | None = None) -> Submission:
     """Submit `spec` as a new run, or again into an existing run directory (`resume`).
-    code: CODE_NEW, CODE_KEEP or CODE_NONE, what the job imports (slurm/run_code.py)."""
+    code: CODE_NEW, CODE_KEEP or CODE_NONE, what the job imports (slurm/run_code.py);
+    options: sbatch options of this submission only (Slurm; see with_options)."""
     use_slurm = shutil.which("sbatch") is not None if use_slurm is None else use_slurm
     if not use_slurm and spec.launch.method == "srun":
         raise SpecError("launch.method: 'srun' is not allowed without Slurm (submitit's local "
@@ -105,7 +122,7 @@ def submit(spec: JobSpec, python: str = sys.executable, use_slurm: bool | None =
         paths.spec.write_text(dump_spec_yaml(spec))
     code_link = attach_code(paths, code, taken, where)
     try:
-        job = _submit_job(spec, paths, python, use_slurm, code_link)
+        job = _submit_job(spec, paths, python, use_slurm, code_link, options)
     except Exception as exc:  # submitit raises plain errors for sbatch failures
         events.try_record(paths, events.submit_failed(str(exc)))
         raise SubmitError(f"submission failed: {exc}\n(run directory kept: {paths.root})") from exc
@@ -115,4 +132,4 @@ def submit(spec: JobSpec, python: str = sys.executable, use_slurm: bool | None =
         paths.sbatch.write_text(script)
     events.record(paths, events.submitted(str(job.job_id), "slurm" if use_slurm else "local",
                                           spec_hash(spec)))
-    return Submission(str(job.job_id), paths.root, "slurm" if use_slurm else "local", script)
+    return Submission(str(job.job_id), paths.root, "slurm" if use_slurm else "local", script, job)

@@ -140,6 +140,14 @@ def _build(cls: type, raw: dict, prefix: str, problems: list[Problem]) -> Any:
     return cls(**kwargs)
 
 
+def build_dataclass(cls: type, raw: dict, prefix: str, problems: list[Problem]) -> Any:
+    """An instance of the frozen dataclass `cls` (fields made with schema.spec_field) from `raw`,
+    checked like a spec section: unknown keys with a suggestion, types, limits, rules. Returns
+    INVALID (coerce.INVALID) after appending the problems, keys prefixed with `prefix`. Other
+    strict file formats (workflows) use it, so every file of ours reports problems one way."""
+    return _build(cls, raw, prefix, problems)
+
+
 def build_spec(data: dict, overrides: Iterable[str] = ()) -> tuple[JobSpec | None, list[Problem],
                                                                      list[Problem]]:
     """(spec or None, errors, warnings) from raw YAML data and KEY=VALUE overrides."""

@@ -53,6 +53,23 @@ def _loader(dataset, sampler, spec, rank: int, pin: bool, drop_last: bool) -> Da
                       persistent_workers=workers > 0, generator=loader_generator(spec.run.seed, rank))
 
 
+def validation_loader(dataset, spec, rank: int, size: int, pin: bool) -> DataLoader:
+    """Rank `rank` of `size`'s part of `dataset`, every sample once, in the spec's batches: the
+    trainer's validation and `evaluate` (which must see the same batches to give the same sums)."""
+    return _loader(dataset, ValidationSampler(len(dataset), rank, size), spec, rank, pin,
+                   drop_last=False)
+
+
+def shutdown_workers(loader: DataLoader | None) -> None:
+    """Stop a loader's persistent workers now. They ignore SIGTERM (ignore_stop_signals), so
+    Python's exit-time `terminate()` cannot end them: the loader must send its shutdown sentinel
+    while the process still runs."""
+    iterator = getattr(loader, "_iterator", None)   # persistent workers live here
+    if iterator is not None and hasattr(iterator, "_shutdown_workers"):
+        iterator._shutdown_workers()
+        loader._iterator = None
+
+
 def _token_datasets(spec):
     from hpc_train.data.tokens import TokenShards, TokenWindows, generate_corpus
 
@@ -71,23 +88,44 @@ def _token_datasets(spec):
     return train, val
 
 
+def _synthetic(spec, split: str):
+    from hpc_train.data.synthetic import SyntheticImages
+
+    data = spec.data
+    if split == "train":
+        samples, first = data.train_samples or spec.samples_per_step * 100, 0
+    else:
+        # Same class patterns, other samples: validation never sees a training image.
+        samples, first = data.val_samples, VAL_FIRST_INDEX
+    return SyntheticImages(samples, data.num_classes, data.image_size, seed=spec.run.seed,
+                           first_index=first)
+
+
+def evaluation_dataset(spec, split: str = "val", root: str | Path | None = None,
+                       uint8: bool = False):
+    """`split` of the run's image data (of the shards under `root` if given) with the validation
+    transform: what the trainer validates on, and what `evaluate` reads. uint8: left for the
+    rank to normalise on its device (DeviceInputs)."""
+    data = spec.data
+    if data.kind == "synthetic":
+        if split not in ("train", "val"):
+            raise DataError(f"split {split!r}: synthetic data has the splits train and val only")
+        return _synthetic(spec, split)
+    from hpc_train.data.shard_dataset import ShardedImages
+    from hpc_train.data.transforms import ValTransform
+
+    return ShardedImages(Path(root or data.path), split,
+                         ValTransform(data.image_size, normalize=not uint8))
+
+
 def _datasets(spec, uint8: bool):
     data = spec.data
     if data.kind in ("text", "tokens"):
         return _token_datasets(spec)
     if data.kind == "synthetic":
-        from hpc_train.data.synthetic import SyntheticImages
-
-        train_samples = data.train_samples or spec.samples_per_step * 100
-        train = SyntheticImages(train_samples, data.num_classes, data.image_size, seed=spec.run.seed)
-        val = None
-        if data.val_samples:
-            # Same class patterns, other samples: validation never sees a training image.
-            val = SyntheticImages(data.val_samples, data.num_classes, data.image_size,
-                                  seed=spec.run.seed, first_index=VAL_FIRST_INDEX)
-        return train, val
+        return _synthetic(spec, "train"), (_synthetic(spec, "val") if data.val_samples else None)
     from hpc_train.data.shard_dataset import ShardedImages
-    from hpc_train.data.transforms import TrainTransform, ValTransform
+    from hpc_train.data.transforms import TrainTransform
 
     root = Path(data.path)
     normalize = not uint8
@@ -96,8 +134,7 @@ def _datasets(spec, uint8: bool):
     if len(train.class_names) != data.num_classes:
         raise DataError(f"{root}/train has {len(train.class_names)} classes but data.num_classes is "
                         f"{data.num_classes}: set data.num_classes: {len(train.class_names)}")
-    val = (ShardedImages(root, "val", ValTransform(data.image_size, normalize=normalize))
-           if (root / "val").is_dir() else None)
+    val = evaluation_dataset(spec, "val", uint8=uint8) if (root / "val").is_dir() else None
     return train, val
 
 
@@ -147,6 +184,5 @@ def build_loaders(spec, rank: int, size: int, pin: bool, uint8: bool = False,
                         f"epoch, fewer than one step of {spec.parallel.accumulation} accumulated batches")
     val_loader = None
     if val is not None and len(val):
-        val_loader = _loader(val, ValidationSampler(len(val), rank, size), spec, rank, pin,
-                             drop_last=False)
+        val_loader = validation_loader(val, spec, rank, size, pin)
     return _loader(train, sampler, spec, rank, pin, drop_last=True), val_loader

@@ -24,7 +24,8 @@ from hpc_train.spec import dump_spec_yaml, spec_to_dict
 from hpc_train.train.state import (CheckpointedState, ModelBuffers, ModelWeights, Progress,
                                    RngStreams, SamplerPosition)
 from hpc_train.train.checkpointing import Checkpointing
-from hpc_train.train.data import DeviceInputs, build_loaders, normalizes_on_device
+from hpc_train.train.data import DeviceInputs, build_loaders, normalizes_on_device, shutdown_workers
+from hpc_train.train.evaluation import evaluate_classifier
 from hpc_train.train.meters import Window
 from hpc_train.train.optim import build_optimizer
 from hpc_train.train.precision import Precision
@@ -102,19 +103,12 @@ class DataParallelParts:
         """Extra fields naming this rank's part of the model in events (none: whole model)."""
         return {}
 
-    @torch.no_grad()
     def evaluate(self, val_loader, tick) -> torch.Tensor:
-        """This rank's (loss sum, correct, count) over its validation part."""
-        self.model.eval()
-        totals = torch.zeros(3, dtype=torch.float64)  # loss sum, correct, count
-        for images, labels in val_loader:
-            tick()
-            with self.precision.autocast():   # batches come on the device (DeviceInputs)
-                logits = self.model(images)
-            loss = torch.nn.functional.cross_entropy(logits.float(), labels, reduction="sum")
-            totals += torch.tensor([loss.item(), (logits.argmax(1) == labels).sum().item(),
-                                    labels.numel()], dtype=torch.float64)
-        return totals
+        """This rank's (loss sum, correct, count) over its validation part; `evaluate` RUN_DIR
+        runs the same function, so it reproduces these sums."""
+        totals = evaluate_classifier(self.model, val_loader, self.device, self.precision.autocast,
+                                     self.spec.data.num_classes, tick)
+        return totals[:3].clone()
 
 
 class Trainer:
@@ -216,16 +210,9 @@ class Trainer:
             self.tensorboard.write(record)
 
     def close(self) -> None:
-        """Stop the data workers now, on every way out of a rank.
-
-        The workers ignore SIGTERM (see train/data.py), so Python's exit-time `terminate()`
-        cannot end them; their loader must send its shutdown sentinel while the rank still runs.
-        """
+        """Stop the data workers now, on every way out of a rank (see `shutdown_workers`)."""
         for loader in (self.train_loader, self.val_loader):
-            iterator = getattr(loader, "_iterator", None)   # persistent workers live here
-            if iterator is not None and hasattr(iterator, "_shutdown_workers"):
-                iterator._shutdown_workers()
-                loader._iterator = None
+            shutdown_workers(loader)
         if self.tensorboard is not None:
             self.tensorboard.close()
 
