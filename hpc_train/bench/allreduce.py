@@ -3,7 +3,9 @@
 `Allreduce` of the same bytes (raw MPI), all in the same ranks, in alternating rounds.
 
 What each row times, from a barrier to the last rank's result:
-- `mpi4py`: one Allreduce (SUM) of all the gradient bytes as one float32 buffer: the reference.
+- `mpi4py`: one in-place Allreduce (SUM, MPI_IN_PLACE) of all the gradient bytes as one float32
+  buffer: the reference, raw MPI at its best (Horovod reduces in place too). `mpi4py two
+  buffers` is the same from a separate send buffer, which costs MPI one more copy.
 - `horovod gradients`: what hvd.DistributedOptimizer does with a step's gradients: one
   allreduce_async_ (Average) per parameter, then wait for all; Horovod fuses them in its cycle.
 - `horovod one tensor`, `torch.distributed one tensor`: one allreduce of one tensor of all bytes.
@@ -102,7 +104,8 @@ def measure(model_name: str, device: torch.device, repetitions: int, rounds: int
 
     # Horovod runs only while its rows are timed: its background thread cycles (an MPI
     # collective every cycle), and MPI serialises threads, which would slow the others' rows.
-    groups = [(False, {"mpi4py": lambda: comm.Allreduce(send, receive, op=MPI.SUM)}),
+    groups = [(False, {"mpi4py": lambda: comm.Allreduce(MPI.IN_PLACE, receive, op=MPI.SUM),
+                       "mpi4py two buffers": lambda: comm.Allreduce(send, receive, op=MPI.SUM)}),
               (False, {"torch.distributed one tensor": lambda: dist.all_reduce(flat),
                        "ddp backward": lambda: ddp(True), "ddp backward no_sync": lambda: ddp(False)})]
     if hvd is not None:
