@@ -57,11 +57,12 @@ def timed_lines(rank: int, texts: Iterable[str]) -> Iterator[Line]:
         yield Line(current, rank, text)
 
 
-_RANK_START = re.compile(r" rank \d+/\d+ \(local \d+\) pid \d+ on (\S+)$")
+# The worker's first line: "rank 1/2 (local 0) pid 7 on n2, code /runs/x/code/hpc_train".
+_RANK_START = re.compile(r" rank \d+/\d+ \(local \d+\) pid \d+ on ([^\s,]+)")
 
 
 def rank_host(lines: Iterable[Line]) -> str | None:
-    """The node a rank ran on, from the worker's first line ("rank 1/2 (local 0) pid 7 on n2")."""
+    """The node a rank ran on, from the worker's first line (see _RANK_START)."""
     for line in lines:
         if match := _RANK_START.search(line.text):
             return match.group(1)

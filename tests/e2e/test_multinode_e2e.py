@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import pytest
 
+from hpc_train.inspection.logparse import rank_host, timed_lines
 from hpc_train.rundir import RunPaths, read_jsonl
 from tests.runs import (assert_trained, cli, describe_failure, events, heartbeat_step, logged_step,
                         submit, wait_for)
@@ -95,11 +96,10 @@ def _ended(cluster, job: Job, timeout: float = 900) -> str:
 
 
 def _hosts(paths: RunPaths) -> dict[int, str]:
-    """Rank -> node, from each rank's first log line ("rank 1/2 (local 0) pid 7 on hpcn2")."""
+    """Rank -> node, from each rank's first log line, as diagnose reads it."""
     found = {}
     for rank in (0, 1):
-        first = next(line for line in paths.rank_log(rank).read_text().splitlines() if " pid " in line)
-        found[rank] = first.rsplit(" on ", 1)[1]
+        found[rank] = rank_host(timed_lines(rank, paths.rank_log(rank).read_text().splitlines()))
     return found
 
 

@@ -337,3 +337,12 @@ def test_srun_reports_name_the_task_its_node_and_how_it_ended():
         (0, f"exit code {STOP_EXIT}", "hpcn1", "srun")]
     assert found[0].started == stamp_time(STARTING) and found[-1].stopped
     assert "OOM killer" in exit_hint(found[1].how) and "native code" in exit_hint(found[2].how)
+
+
+def test_a_rank_names_its_node_in_its_first_line():
+    from hpc_train.inspection.logparse import rank_host, timed_lines
+
+    stamp = "2026-11-30 12:26:02,316 rank 1 hpc_train.worker INFO "
+    assert rank_host(timed_lines(1, [stamp + "rank 1/2 (local 0) pid 7 on hpcn2, code /r/code/hpc_train"])) == "hpcn2"
+    assert rank_host(timed_lines(1, [stamp + "rank 1/2 (local 0) pid 7 on vm"])) == "vm"
+    assert rank_host(timed_lines(1, [stamp + "step 20/92 epoch 0 loss 1.4"])) is None
