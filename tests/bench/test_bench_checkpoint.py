@@ -20,5 +20,9 @@ def test_bench_checkpoint_reports_ours_and_baselines(tmp_path):
     assert result["async_blocked_s"] <= result["async_total_s"]
     for ours, ratio in (("sync_s", "sync_vs_bare"), ("async_blocked_s", "async_blocked_vs_bare"),
                         ("async_total_s", "async_total_vs_bare")):
-        assert result[ratio] == pytest.approx(result[ours] / result["bare_torch_save_s"], rel=0.01)
+        # Ratios come from the unrounded medians; the times are rounded to 4 places (and a tiny
+        # model's save takes milliseconds): allow for that rounding and the ratio's own.
+        bare = result["bare_torch_save_s"]
+        assert result[ratio] == pytest.approx(result[ours] / bare, rel=0.01,
+                                              abs=0.00005 * (1 + result[ours] / bare) / bare + 0.0005)
     assert list(tmp_path.iterdir()) == []            # the benchmark cleans up after itself
