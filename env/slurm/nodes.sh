@@ -21,14 +21,6 @@ $SLURM_MARKER
 ClusterName=$CLUSTER_NAME
 # slurmctld runs in the host namespace and must find its own short name here.
 SlurmctldHost=$NODE($CTL_ADDR)
-SlurmUser=root
-SlurmdUser=root
-AuthType=auth/munge
-CredType=cred/munge
-AuthInfo=cred_expire=10
-SlurmctldPort=$SLURMCTLD_PORT
-SlurmdPort=$SLURMD_PORT
-StateSaveLocation=$CTLD_STATE
 SlurmdSpoolDir=$SPOOL/%n
 SlurmctldPidFile=$RUN/slurmctld.pid
 SlurmdPidFile=$RUN/slurmd-%n.pid

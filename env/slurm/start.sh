@@ -125,6 +125,15 @@ start_munged() {
 # The settings both clusters share (single node and multi-node), verified on this machine.
 conf_essentials() {
     cat <<EOF
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+CredType=cred/munge
+# cred_expire default 120 s makes every requeue wait over 2 minutes; 2 is rejected.
+AuthInfo=cred_expire=10
+SlurmctldPort=$SLURMCTLD_PORT
+SlurmdPort=$SLURMD_PORT
+StateSaveLocation=$CTLD_STATE
 SlurmctldDebug=info
 SlurmdDebug=info
 # No cgroups in the sandbox.
@@ -168,15 +177,6 @@ $SLURM_MARKER
 # Regenerated on every start: edit env/slurm/start.sh, not this file.
 ClusterName=$CLUSTER_NAME
 SlurmctldHost=$NODE(127.0.0.1)
-SlurmUser=root
-SlurmdUser=root
-AuthType=auth/munge
-CredType=cred/munge
-# cred_expire default 120 s makes every requeue wait over 2 minutes; 2 is rejected.
-AuthInfo=cred_expire=10
-SlurmctldPort=$SLURMCTLD_PORT
-SlurmdPort=$SLURMD_PORT
-StateSaveLocation=$CTLD_STATE
 SlurmdSpoolDir=$SPOOL
 SlurmctldPidFile=$RUN/slurmctld.pid
 SlurmdPidFile=$RUN/slurmd.pid
