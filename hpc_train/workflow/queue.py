@@ -55,16 +55,33 @@ def parse_squeue(text: str) -> dict[str, JobRow]:
     return rows
 
 
+def array_tasks(job: str) -> list[str]:
+    """`123_[0-2,5%2]` -> 123_0, 123_1, 123_2, 123_5 (tasks sacct lists as one row: never started,
+    e.g. cancelled while pending); any other id -> itself."""
+    head, bracket, rest = job.partition("_[")
+    if not bracket:
+        return [job]
+    tasks = []
+    for part in rest.rstrip("]").split("%")[0].split(","):
+        low, _, high = part.partition("-")
+        if low.isdigit() and (not high or high.isdigit()):
+            tasks += [f"{head}_{t}" for t in range(int(low), int(high or low) + 1)]
+    return tasks
+
+
 def parse_sacct(text: str) -> dict[str, JobRow]:
-    """`sacct -X -n -P -o JobID,State,Reason,Elapsed,ExitCode` lines; the last row of a job wins."""
+    """`sacct -X -n -P -o JobID,State,Reason,Elapsed,ExitCode` lines; the last row of a job wins.
+    A row for tasks that never started stands for each of them (squeue's live rows, read
+    after, win for the pending ones)."""
     rows = {}
     for line in text.splitlines():
         fields = line.split("|")
-        if len(fields) != 5 or "[" in fields[0]:    # `123_[2-3%2]`: tasks not started, squeue has them
+        if len(fields) != 5:
             continue
         job, state, reason, elapsed, exit_code = (f.strip() for f in fields)
-        rows[job] = JobRow(job, state.split()[0] if state else "UNKNOWN",
-                           "" if reason == "None" else reason, seconds(elapsed), exit_code)
+        for task in array_tasks(job):
+            rows[task] = JobRow(task, state.split()[0] if state else "UNKNOWN",
+                                "" if reason == "None" else reason, seconds(elapsed), exit_code)
     return rows
 
 

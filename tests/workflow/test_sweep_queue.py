@@ -59,11 +59,21 @@ def test_squeue_and_sacct_rows_array_tasks_included():
     assert rows["128_0"] == queue.JobRow("128_0", "RUNNING", "", 62.0)     # squeue wins
     assert rows["128_1"].state == "FAILED" and rows["128_1"].exit_code == "1:0"
     assert "128_[2-3%2]" not in rows and rows["128_2"].reason == "JobArrayTaskLimit"
-    assert [r.job_id for r in queue.rows_of(rows, "128")] == ["128_0", "128_1", "128_2"]
+    assert [r.job_id for r in queue.rows_of(rows, "128")] == ["128_0", "128_1", "128_2", "128_3"]
+    assert rows["128_3"].state == "PENDING"          # not started: sacct's one row stands for it
     assert queue.rows_of(rows, "128_1") == [rows["128_1"]]
     assert queue.rows_of(rows, "127") == [rows["127"]] and queue.rows_of(rows, "999") == []
     assert queue.seconds("1-02:03:04") == 93784 and queue.seconds("5:03") == 303
     assert queue.seconds("INVALID") is None
+
+
+def test_an_array_cancelled_before_any_task_started_is_cancelled_task_by_task():
+    # What sacct shows once `workflow cancel` ended a pending array; squeue no longer lists it.
+    rows = queue.parse_sacct("42_[0-1]|CANCELLED by 0|None|00:00:00|0:0\n43|CANCELLED by 0|None|00:00:00|0:0\n")
+    assert [(r.job_id, r.state) for r in queue.rows_of(rows, "42")] == [("42_0", "CANCELLED"),
+                                                                       ("42_1", "CANCELLED")]
+    assert queue.array_tasks("7_[0-2,5%2]") == ["7_0", "7_1", "7_2", "7_5"]
+    assert queue.array_tasks("7_3") == ["7_3"] and queue.array_tasks("8") == ["8"]
 
 
 def test_one_state_for_a_stage():
