@@ -27,7 +27,7 @@ from hpc_train.workflow import events as wf_events
 from hpc_train.workflow.paths import WorkflowPaths
 from hpc_train.workflow.queue import is_active
 from hpc_train.workflow.status import collect
-from tests.runs import cli, describe_failure, events, heartbeat_step
+from tests.runs import cli, describe_failure, events, heartbeat_step, wait_for
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -140,7 +140,9 @@ def test_a_submission_failing_midway_is_cancelled_and_resumable(slurm_cluster, t
     assert sorted(failure["cancelled"]) == sorted(job_ids(paths))
     slurm_cluster.job_ids.extend(job_ids(paths))
     for job in failure["cancelled"]:
-        assert all(row[0].startswith("CANCELLED") for row in sacct(job, "State")), sacct(job, "State")
+        # slurmdbd may record the cancel a moment after scancel returned.
+        wait_for(lambda: all(row[0].startswith("CANCELLED") for row in sacct(job, "State")), 60,
+                 f"sacct to show job {job} CANCELLED (it shows {sacct(job, 'State')})")
 
     (paths.root / "ok").touch()
     out = cli("workflow", "resume", str(paths.root), "--set", "publish.slurm.partition=null")
