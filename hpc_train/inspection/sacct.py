@@ -17,7 +17,7 @@ FIELDS = ("JobID", "State", "Start", "End", "ElapsedRaw", "AllocCPUS", "AllocTRE
           "MaxRSS", "TotalCPU", "NNodes", "NodeList")
 _UNITS = {"": 1, "K": 1024, "M": 1024 ** 2, "G": 1024 ** 3, "T": 1024 ** 4, "P": 1024 ** 5}
 _MEMORY = re.compile(r"([\d.]+)([KMGTP]?)([nc]?)")
-_CPU_TIME = re.compile(r"(?:(\d+)-)?(?:(\d+):)?(\d+):(\d+(?:\.\d+)?)")
+_DURATION = re.compile(r"(?:(\d+)-)?(?:(\d+):)?(\d+):(\d+(?:\.\d+)?)")
 _GPUS = re.compile(r"gres/gpu(?::[^=,]+)?=(\d+)")
 
 
@@ -81,9 +81,10 @@ def parse_req_mem(text: str, cpus: int, nodes: int) -> int | None:
     return int(value)
 
 
-def parse_cpu_time(text: str) -> float | None:
-    """TotalCPU ([D-][HH:]MM:SS[.mmm]) in seconds."""
-    match = _CPU_TIME.fullmatch(text.strip())
+def parse_duration(text: str) -> float | None:
+    """A Slurm duration ([D-][HH:]MM:SS[.mmm]: sacct's TotalCPU and Elapsed, squeue's %M) in
+    seconds; None when it is not one."""
+    match = _DURATION.fullmatch(text.strip())
     if not match:
         return None
     days, hours, minutes, seconds = match.groups()
@@ -118,7 +119,7 @@ def parse(text: str) -> list[Segment]:
         if step:
             if job_id in latest:
                 steps[latest[job_id]].append(
-                    Step(step, parse_memory(row["MaxRSS"]), parse_cpu_time(row["TotalCPU"])))
+                    Step(step, parse_memory(row["MaxRSS"]), parse_duration(row["TotalCPU"])))
             continue
         start = parse_time(row["Start"])
         if start is None:                # never started (cancelled while pending): no segment
@@ -129,7 +130,7 @@ def parse(text: str) -> list[Segment]:
             job_id=job_id, state=(row["State"].split() or ["UNKNOWN"])[0], start=start,
             end=parse_time(row["End"]), elapsed=float(_int(row["ElapsedRaw"])), cpus=cpus,
             gpus=gpus_of(row["AllocTRES"]), nodes=nodes, node_list=row["NodeList"],
-            req_mem=parse_req_mem(row["ReqMem"], cpus, nodes), total_cpu=parse_cpu_time(row["TotalCPU"])))
+            req_mem=parse_req_mem(row["ReqMem"], cpus, nodes), total_cpu=parse_duration(row["TotalCPU"])))
         steps.append([])
         latest[job_id] = len(segments) - 1
     done = [replace(s, steps=tuple(found)) for s, found in zip(segments, steps)]

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hpc_train import _proc
+from hpc_train.inspection.sacct import parse_duration
 from hpc_train.scheduler import ACTIVE_STATES
 
 FAILED_STATES = ("FAILED", "OUT_OF_MEMORY", "TIMEOUT", "NODE_FAIL", "BOOT_FAIL", "DEADLINE",
@@ -26,24 +27,6 @@ class JobRow:
     exit_code: str = ""
 
 
-def seconds(text: str) -> float | None:
-    """Slurm durations: `5:03`, `01:02:03`, `1-02:03:04` -> seconds; None when not one."""
-    text = text.strip()
-    days = 0
-    if "-" in text:
-        head, _, text = text.partition("-")
-        if not head.isdigit():
-            return None
-        days = int(head)
-    parts = text.split(":")
-    if not 1 <= len(parts) <= 3 or not all(p.isdigit() for p in parts):
-        return None
-    total = 0
-    for part in parts:
-        total = total * 60 + int(part)
-    return days * 86400 + total
-
-
 def parse_squeue(text: str) -> dict[str, JobRow]:
     """`squeue -h -r -o %i|%T|%r|%M` lines (one per array task with -r)."""
     rows = {}
@@ -51,7 +34,7 @@ def parse_squeue(text: str) -> dict[str, JobRow]:
         fields = line.split("|")
         if len(fields) == 4:
             job, state, reason, elapsed = (f.strip() for f in fields)
-            rows[job] = JobRow(job, state, "" if reason == "None" else reason, seconds(elapsed))
+            rows[job] = JobRow(job, state, "" if reason == "None" else reason, parse_duration(elapsed))
     return rows
 
 
@@ -81,7 +64,7 @@ def parse_sacct(text: str) -> dict[str, JobRow]:
         job, state, reason, elapsed, exit_code = (f.strip() for f in fields)
         for task in array_tasks(job):
             rows[task] = JobRow(task, state.split()[0] if state else "UNKNOWN",
-                                "" if reason == "None" else reason, seconds(elapsed), exit_code)
+                                "" if reason == "None" else reason, parse_duration(elapsed), exit_code)
     return rows
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from hpc_train.inspection.sacct import parse_duration
 from hpc_train.workflow import queue, sweep
 from hpc_train.workflow.schema import SweepSpec
 
@@ -63,8 +64,8 @@ def test_squeue_and_sacct_rows_array_tasks_included():
     assert rows["128_3"].state == "PENDING"          # not started: sacct's one row stands for it
     assert queue.rows_of(rows, "128_1") == [rows["128_1"]]
     assert queue.rows_of(rows, "127") == [rows["127"]] and queue.rows_of(rows, "999") == []
-    assert queue.seconds("1-02:03:04") == 93784 and queue.seconds("5:03") == 303
-    assert queue.seconds("INVALID") is None
+    assert parse_duration("1-02:03:04") == 93784 and parse_duration("5:03") == 303
+    assert parse_duration("INVALID") is None
 
 
 def test_an_array_cancelled_before_any_task_started_is_cancelled_task_by_task():
