@@ -25,6 +25,8 @@ import sys
 import time
 from pathlib import Path
 
+from hpc_train.rundir import write_atomic
+
 LAUNCH_ENV = "HPC_TRAIN_BENCH_LAUNCH"
 log = logging.getLogger("hpc_train.bench")
 
@@ -245,9 +247,7 @@ def _release(device) -> None:
 
 def write_results(path: Path, results: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(results))
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps(results).encode())
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from hpc_train.errors import DataError
+from hpc_train.rundir import write_atomic
 
 VERDICT = ".staged-{token}.json"   # the copier's verdict for one launch, for the node's ranks
 _CHUNK = 8 << 20
@@ -136,10 +137,7 @@ def stage(shared: Path, place: Path, token: str, beat: Callable[[], None] = lamb
 
 def write_verdict(place: Path, staged: Staged) -> None:
     place.mkdir(parents=True, exist_ok=True)
-    path = place / VERDICT.format(token=staged.token)
-    temporary = path.with_name(f"{path.name}.tmp-{os.getpid()}")
-    temporary.write_text(json.dumps(staged.to_json()))
-    os.replace(temporary, path)
+    write_atomic(place / VERDICT.format(token=staged.token), json.dumps(staged.to_json()).encode())
 
 
 def wait_verdict(place: Path, token: str, timeout: float) -> Staged:

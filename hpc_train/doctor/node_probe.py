@@ -21,6 +21,7 @@ from pathlib import Path
 
 from hpc_train.doctor.faults import VERSION_SUFFIX, faults_here
 from hpc_train.launch.identity import rank_from_env
+from hpc_train.rundir import write_atomic
 
 PACKAGES = ("hpc_train", "torch", "horovod", "mpi4py", "numpy", "h5py")
 ALLREDUCE_BYTES = 4 * 2**20
@@ -145,10 +146,8 @@ def allreduce(rank: int, size: int, faults: set[str]) -> dict:
 
 
 def write_report(out_dir: Path, rank: int, report: dict) -> None:
-    path = out_dir / f"rank-{rank}.json"
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(report, indent=1))
-    os.replace(tmp, path)  # the doctor never reads half a report
+    # Whole or not at all: the doctor never reads half a report.
+    write_atomic(out_dir / f"rank-{rank}.json", json.dumps(report, indent=1).encode())
 
 
 def main(argv: list[str] | None = None) -> int:
