@@ -14,7 +14,6 @@ rewritten after each configuration.
 
 from __future__ import annotations
 
-import faulthandler
 import gc
 import json
 import logging
@@ -255,20 +254,14 @@ def main(argv: list[str] | None = None) -> int:
     if len(args) != 1:
         print("usage: python -m hpc_train.bench.train_rank BENCH_DIR", file=sys.stderr)
         return 2
-    from hpc_train.job.worker import join_network, redirect_output, setup_logging
+    from hpc_train.job.worker import join_network, start_heartbeat, start_rank
     from hpc_train.launch.identity import rank_from_env
     from hpc_train.rundir import RunPaths
-    from hpc_train.runtime.heartbeat import Heartbeat
-    from hpc_train.runtime.stop import STALL_ENV, StopFlag
 
     root = Path(args[0])
     identity = rank_from_env(os.environ)
-    redirect_output(RunPaths(root).rank_log(identity.rank))
-    faulthandler.enable(all_threads=True)
-    stop = StopFlag.from_env()
-    setup_logging(identity.rank)
-    heartbeat = Heartbeat(RunPaths(root).rank_heartbeat(identity.rank), identity.rank,
-                          float(os.environ.get(STALL_ENV) or 300)).start()
+    stop = start_rank(RunPaths(root), identity.rank)
+    heartbeat = start_heartbeat(RunPaths(root), identity.rank)
     launch_id = int(os.environ[LAUNCH_ENV])
     try:
         # MPI first, owned by mpi4py: Horovod then uses it and may stop and start again.

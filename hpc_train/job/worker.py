@@ -69,6 +69,23 @@ def join_network(environ, rank: int) -> None:
                               "launch.network_interface") from None
 
 
+def start_rank(paths: RunPaths, rank: int) -> StopFlag:
+    """A rank's first steps, before any heavy import: its own log, crash stacks, stop handlers."""
+    redirect_output(paths.rank_log(rank))
+    # A segfault or abort in native code then leaves "Fatal Python error" and the Python stack of
+    # every thread in this rank's log instead of nothing.
+    faulthandler.enable(all_threads=True)
+    # Handlers first: a USR2/TERM that arrives while torch is still importing must not kill us.
+    stop = StopFlag.from_env()
+    setup_logging(rank)
+    return stop
+
+
+def start_heartbeat(paths: RunPaths, rank: int) -> Heartbeat:
+    """The rank's heartbeat thread, beating at the driver's launch.stall_seconds."""
+    return Heartbeat(paths.rank_heartbeat(rank), rank, float(os.environ.get(STALL_ENV) or 300)).start()
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
@@ -76,18 +93,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     paths = RunPaths(Path(args[0]))
     identity = rank_from_env(os.environ)
-    redirect_output(paths.rank_log(identity.rank))
-    # A segfault or abort in native code then leaves "Fatal Python error" and the Python stack of
-    # every thread in this rank's log instead of nothing.
-    faulthandler.enable(all_threads=True)
-    # Handlers first: a USR2/TERM that arrives while torch is still importing must not kill us.
-    stop = StopFlag.from_env()
-    setup_logging(identity.rank)
+    stop = start_rank(paths, identity.rank)
     log = logging.getLogger("hpc_train.worker")
     log.info("rank %d/%d (local %d) pid %d on %s, code %s", identity.rank, identity.size,
              identity.local_rank, os.getpid(), os.uname().nodename, Path(__file__).parents[1])
-    heartbeat = Heartbeat(paths.rank_heartbeat(identity.rank), identity.rank,
-                          float(os.environ.get(STALL_ENV) or 300)).start()
+    heartbeat = start_heartbeat(paths, identity.rank)
     # GPU utilisation for `report`, from the node's first rank (nothing without NVML or a GPU).
     sampler = start_sampler(paths.gpu_samples(os.uname().nodename), os.environ, identity.local_rank)
     trainer = None
