@@ -125,7 +125,7 @@ def launch_plan(spec: JobSpec, paths: RunPaths, allocation: Allocation, environ,
                           "slurm.setup")
     env = {
         "MASTER_ADDR": master_address(allocation, launch.network_interface, socket.gethostname(),
-                                      ipv4_addresses()),
+                                      ipv4_addresses() if launch.network_interface else []),
         "MASTER_PORT": str(rendezvous_port(environ.get("SLURM_JOB_ID"))),
         STALL_ENV: f"{launch.stall_seconds:g}",
         # One value per start of the ranks: a node's ranks recognise this start's staging.
