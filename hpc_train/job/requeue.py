@@ -56,10 +56,13 @@ def decide(returncode: int, *, stop_reason: str | None, restarts: int, failed_ru
 
 def _retry_or_fail(what: str, cause: str, can_requeue: bool, failed_runs: int,
                    retries_on_failure: int) -> Decision:
-    if can_requeue and failed_runs < retries_on_failure:
+    if not retries_on_failure:
+        return Decision("failed", what)
+    if not can_requeue:
+        return Decision("failed", f"{what}; not running under Slurm, so not retried")
+    if failed_runs < retries_on_failure:
         return Decision("requeue", f"{what}; retry {failed_runs + 1} of {retries_on_failure}", cause)
-    return Decision("failed", f"{what}; checkpoint.retries_on_failure={retries_on_failure} "
-                              f"used up" if retries_on_failure else what)
+    return Decision("failed", f"{what}; checkpoint.retries_on_failure={retries_on_failure} used up")
 
 
 def requeue_path(job: JobRecord | None, restart: int) -> str:

@@ -105,9 +105,10 @@ class LaunchSpec:
                                      factory=dict, key_check=values.check_env_name,
                                      each=values.check_env_value)
     stall_seconds: float = spec_field(
-        300.0, doc="the driver tears the ranks down and requeues the job (counting toward "
-        "checkpoint.retries_on_failure) when no rank progresses for this long: longer than "
-        "start-up, one step, one evaluation batch and one checkpoint save", ge=5)
+        300.0, doc="the driver tears the ranks down when no rank progresses for this long, "
+        "and requeues the job from its last checkpoint while checkpoint.retries_on_failure "
+        "allows (else the job fails): longer than start-up, one step, one evaluation batch "
+        "and one checkpoint save", ge=5)
 
 
 @dataclass(frozen=True)
@@ -259,7 +260,9 @@ class CheckpointSpec:
         "or after each multiple)", ge=1, example=10000)
     max_requeues: int = spec_field(10, doc="requeues after a time-limit stop before giving up",
                                    ge=0)
-    retries_on_failure: int = spec_field(0, doc="requeues after a crash (non-zero exit)", ge=0)
+    retries_on_failure: int = spec_field(0, doc="requeues from the last checkpoint after a "
+                                         "crash (non-zero exit) or a hang (launch.stall_seconds)",
+                                         ge=0)
 
 
 @dataclass(frozen=True)

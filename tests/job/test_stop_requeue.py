@@ -80,6 +80,13 @@ def test_a_spent_retry_budget_names_the_setting():
     assert "retries_on_failure=1" in decision.reason
 
 
+def test_a_retry_that_cannot_happen_is_not_called_used_up():
+    # The local executor cannot requeue: the reason says so instead of a spent budget.
+    decision = decide(1, **{**BASE, "retries_on_failure": 1, "can_requeue": False})
+    assert decision.action == "failed" and "not running under Slurm" in decision.reason
+    assert "used up" not in decision.reason
+
+
 @pytest.mark.parametrize("job, restart, path", [
     (None, 0, "driver"),                                   # scontrol did not answer: try
     (JobRecord("RUNNING", 0, "None"), 0, "driver"),
