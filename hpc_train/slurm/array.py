@@ -20,8 +20,9 @@ from pathlib import Path
 from hpc_train import events
 from hpc_train.errors import SpecError, SubmitError
 from hpc_train.rundir import RunPaths
+from hpc_train.slurm.options import Options
 from hpc_train.slurm.script import script_parts
-from hpc_train.slurm.submit import Options, slurm_executor, with_options
+from hpc_train.slurm.submit import slurm_executor, with_options
 from hpc_train.slurm.submitit_private import script_text, submit_command
 from hpc_train.spec import JobSpec, spec_hash
 

@@ -9,13 +9,14 @@ train stage's job spec come back with the stage's key: `stages.train.set.optim.b
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from hpc_train.rundir import RunPaths
 from hpc_train.slurm.array import member_dir, new_prefix
-from hpc_train.spec import JobSpec, Problem, SpecInvalid, validate_spec_file
+from hpc_train.spec import JobSpec, Problem, Resources, SpecInvalid, validate_spec_file
 from hpc_train.spec.overrides import FROM_SET
 from hpc_train.spec.paths import resolve_paths
 from hpc_train.workflow import graph, refs
@@ -100,7 +101,7 @@ def make_plan(workflow: Workflow, paths: WorkflowPaths, dirs, cwd: Path | None =
     """Raises SpecInvalid with every problem of every train stage's job spec."""
     cwd = Path(cwd or Path.cwd())
     needs = {name: s.needs for name, s in workflow.stages.items()}
-    plan = Plan(workflow, paths, needs, graph.order(needs), {}, cwd)
+    plan = Plan(workflow, paths, needs, graph.order(needs), {}, cwd, list(workflow.warnings))
     known: dict[refs.Ref, refs.Value] = {refs.Ref("workflow", "dir"): refs.literal(str(paths.root)),
                                          refs.Ref("workflow", "name"): refs.literal(workflow.name)}
     problems: list[Problem] = []
@@ -149,9 +150,16 @@ class _Planner:
         return [w if isinstance(w, tuple) else refs.literal(str(w)) for w in words]
 
     def job(self, part: str, lines: list, marker: refs.Value | None, tasks: int = 1) -> StageJob:
-        return StageJob(self.workflow.name, self.name, self.stage.kind, part,
-                        self.workflow.slurm[self.name], self.paths.output(self.name, tasks > 1),
-                        lines, marker, tasks, str(self.paths.root), self.python)
+        return StageJob(self.workflow.name, self.name, self.stage.kind, part, self.resources(),
+                        self.paths.output(self.name, tasks > 1), lines, marker, tasks,
+                        str(self.paths.root), self.python)
+
+    def resources(self) -> Resources:
+        """The stage's resources, a relative site profile made absolute (as a job spec's)."""
+        slurm = self.workflow.slurm[self.name]
+        if slurm.site_profile is None:
+            return slurm
+        return dataclasses.replace(slurm, site_profile=str(self.cwd / Path(slurm.site_profile).expanduser()))
 
     def marker(self) -> refs.Value:
         return refs.literal(str(self.paths.marker(self.name)))
@@ -159,9 +167,9 @@ class _Planner:
     # -- kinds ------------------------------------------------------------------------------
 
     def jobs(self) -> StagePlan:
-        return getattr(self, "_" + self.stage.kind)()
+        return JOBS_OF_KIND[self.stage.kind](self)
 
-    def _shard(self) -> StagePlan:
+    def shard_jobs(self) -> StagePlan:
         s = self.stage
         src, out = self.path(s.src), self.path(s.out)
         split_dir = refs.join([*out, f"/{s.split}"])
@@ -188,7 +196,7 @@ class _Planner:
                    "manifest": refs.join([*split_dir, "/manifest.json"])}
         return StagePlan(self.name, s, outputs, jobs)
 
-    def _evaluate(self) -> StagePlan:
+    def evaluate_jobs(self) -> StagePlan:
         s = self.stage
         run_dir = self.path(s.run_dir)
         words = ["evaluate", run_dir, "--split", s.split]
@@ -199,7 +207,7 @@ class _Planner:
         line = self.command(self.python, "-m", "hpc_train", *words)
         return StagePlan(self.name, s, {"run_dir": run_dir}, [self.job("main", [line], self.marker())])
 
-    def _export(self) -> StagePlan:
+    def export_jobs(self) -> StagePlan:
         s = self.stage
         run_dir = self.path(s.run_dir)
         output = self.path(s.output) or refs.literal(str(self.paths.root / f"{self.name}.pt"))
@@ -209,7 +217,7 @@ class _Planner:
         line = self.command(self.python, "-m", "hpc_train", *words)
         return StagePlan(self.name, s, {"output": output}, [self.job("main", [line], self.marker())])
 
-    def _command(self) -> StagePlan:
+    def command_jobs(self) -> StagePlan:
         s = self.stage
         used = {ref: self.known[ref] for ref in refs.references(s.run)}
         marker = self.marker() if s.tasks == 1 else \
@@ -243,6 +251,11 @@ class _Planner:
             prefix, run_dirs = None, {0: dirs.run_dir(self.name, specs[0])}
             outputs = {"run_dir": refs.literal(str(run_dirs[0]))}
         return StagePlan(self.name, s, outputs, train=TrainPlan(spec_file, specs, run_dirs, values, prefix))
+
+
+# A non-train stage's kind -> the planner's method that makes its jobs.
+JOBS_OF_KIND = {"shard": _Planner.shard_jobs, "evaluate": _Planner.evaluate_jobs,
+                "export": _Planner.export_jobs, "command": _Planner.command_jobs}
 
 
 def _references(stage: Stage) -> list[refs.Ref]:

@@ -1,0 +1,76 @@
+"""A batch job's sbatch options and setup lines from a Resources value, made in one place.
+
+Every script we write asks for resources through `sbatch_options`: a run's (submit's through
+submitit, render's standalone one), a workflow stage's, and our own small jobs (`doctor
+--nodes`, `bench train --submit`). So a key of a job spec and of a stage means the same option,
+and two generators cannot drift. The options come out as `#SBATCH` lines or as submitit's
+parameters.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+from hpc_train.spec import Resources
+
+Options = dict[str, "str | bool"]   # sbatch option name (no --) -> value, True for a bare flag
+_NAMED = ("partition", "account", "qos", "constraint", "mem", "mail_type", "mail_user")
+
+
+@dataclass(frozen=True)
+class JobShape:
+    """What a job is, apart from its resources."""
+    name: str
+    output: str                        # sbatch --output pattern
+    nodes: int = 1
+    tasks_per_node: int = 1
+    # A run's driver stops at USR2 (sent to the batch shell: `B:`) and requeues itself; a
+    # stage's job and ours do neither (None).
+    signal_seconds: int | None = None
+
+
+def sbatch_options(resources: Resources, shape: JobShape) -> Options:
+    """Ordered sbatch options: the shape, the resources, then the user's `extra` ones."""
+    r = resources
+    options: Options = {"job-name": shape.name, "nodes": str(shape.nodes),
+                        "ntasks-per-node": str(shape.tasks_per_node),
+                        "cpus-per-task": str(r.cpus_per_task), "time": str(r.time_minutes)}
+    if shape.signal_seconds is not None:
+        options.update({"signal": f"B:USR2@{shape.signal_seconds}", "requeue": True})
+    # append: a requeued run (or a stage run again by `workflow resume`) keeps the earlier output
+    options.update({"open-mode": "append", "output": shape.output})
+    if r.gpus_per_node:
+        options["gpus-per-node"] = str(r.gpus_per_node)
+    for name in _NAMED:
+        if (value := getattr(r, name)) is not None:
+            options[name.replace("_", "-")] = value
+    for name, value in r.extra.items():
+        options[name] = value if value != "" else True
+    return options
+
+
+def setup_lines(resources: Resources) -> list[str]:
+    """Site profile first (sourced), then the `setup` lines: both are the user's shell."""
+    lines = []
+    if resources.site_profile:
+        lines.append(f"source {shlex.quote(str(Path(resources.site_profile).resolve()))}")
+    return lines + list(resources.setup)
+
+
+def sbatch_directives(options: Options) -> str:
+    """The `#SBATCH` lines, every value shell-quoted."""
+    return "\n".join(f"#SBATCH --{name}" if value is True else f"#SBATCH --{name}={shlex.quote(value)}"
+                     for name, value in options.items())
+
+
+def submitit_parameters(options: Options) -> Options:
+    """`options` as submitit's `additional_parameters`, which replace its own.
+
+    submitit spells option keys with underscores (and turns them into dashes); ours must use
+    the same keys to replace its values instead of adding a second, conflicting line. It sets
+    --output/--error (its log files: the driver's output) and --open-mode=append itself.
+    """
+    return {name.replace("-", "_"): value for name, value in options.items()
+            if name not in ("output", "open-mode")}
