@@ -1,10 +1,8 @@
 """A batch job's sbatch options and setup lines from a Resources value, made in one place.
 
-Every script we write asks for resources through `sbatch_options`: a run's (submit's through
-submitit, render's standalone one), a workflow stage's, and our own small jobs (`doctor
---nodes`, `bench train --submit`). So a key of a job spec and of a stage means the same option,
-and two generators cannot drift. The options come out as `#SBATCH` lines or as submitit's
-parameters.
+Every job we submit asks for resources here: a run (submit, render), a workflow stage, `doctor
+--nodes` and `bench train --submit`; so a key means the same option everywhere, and no two
+generators drift. Out as `#SBATCH` lines or as submitit's parameters.
 """
 
 from __future__ import annotations
@@ -21,13 +19,12 @@ _NAMED = ("partition", "account", "qos", "constraint", "mem", "mail_type", "mail
 
 @dataclass(frozen=True)
 class JobShape:
-    """What a job is, apart from its resources."""
+    """What a job is, apart from its resources. signal_seconds: a run's driver stops at USR2
+    (sent to the batch shell: `B:`) and requeues itself; a stage's job and ours do neither."""
     name: str
     output: str                        # sbatch --output pattern
     nodes: int = 1
     tasks_per_node: int = 1
-    # A run's driver stops at USR2 (sent to the batch shell: `B:`) and requeues itself; a
-    # stage's job and ours do neither (None).
     signal_seconds: int | None = None
 
 
@@ -46,17 +43,13 @@ def sbatch_options(resources: Resources, shape: JobShape) -> Options:
     for name in _NAMED:
         if (value := getattr(r, name)) is not None:
             options[name.replace("_", "-")] = value
-    for name, value in r.extra.items():
-        options[name] = value if value != "" else True
-    return options
+    return {**options, **{name: value if value != "" else True for name, value in r.extra.items()}}
 
 
 def setup_lines(resources: Resources) -> list[str]:
     """Site profile first (sourced), then the `setup` lines: both are the user's shell."""
-    lines = []
-    if resources.site_profile:
-        lines.append(f"source {shlex.quote(str(Path(resources.site_profile).resolve()))}")
-    return lines + list(resources.setup)
+    profile = resources.site_profile
+    return ([f"source {shlex.quote(str(Path(profile).resolve()))}"] if profile else []) + list(resources.setup)
 
 
 def sbatch_directives(options: Options) -> str:
@@ -66,11 +59,8 @@ def sbatch_directives(options: Options) -> str:
 
 
 def submitit_parameters(options: Options) -> Options:
-    """`options` as submitit's `additional_parameters`, which replace its own.
-
-    submitit spells option keys with underscores (and turns them into dashes); ours must use
-    the same keys to replace its values instead of adding a second, conflicting line. It sets
-    --output/--error (its log files: the driver's output) and --open-mode=append itself.
-    """
+    """`options` as submitit's `additional_parameters`, which replace its own: with its
+    underscored keys, so they replace its values instead of adding conflicting lines. It sets
+    --output/--error (its log files: the driver's output) and --open-mode=append itself."""
     return {name.replace("-", "_"): value for name, value in options.items()
             if name not in ("output", "open-mode")}

@@ -1,7 +1,6 @@
-"""What both forms of a run's sbatch script share, made in one place: the sbatch options and the
-setup lines (slurm/options.py, from the spec's resources) and the driver line. submitit's script
-(`submit`) and the rendered one (`render`) lay them out their own way, but a job of either form
-runs the same shell.
+"""What both forms of a run's sbatch script share: the sbatch options and setup lines (made by
+slurm/options.py) and the driver line. submitit's script (`submit`) and the rendered one
+(`render`) lay them out their own way, but a job of either form runs the same shell.
 
 The one-driver pattern (docs/architecture.md): Slurm reserves `tasks_per_node` slots per node,
 but the batch script runs one driver process, which starts the ranks with mpirun. `B:` sends the

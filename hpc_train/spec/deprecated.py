@@ -17,15 +17,14 @@ from hpc_train.spec.schema import TOKEN_KINDS
 
 def rename_key(section: dict, old: str, new: str, prefix: str, rule: str,
                context: str = "") -> tuple[dict, dict[str, str], list[Problem]]:
-    """(section with `old` moved to `new`, {new key: old key}, the warning), when only the old
-    key is given; `section` itself is not changed. prefix: the section's dotted path ("data.");
-    context: what else the warning shows with the value."""
+    """(section with `old` moved to `new` when only `old` is given, {new key: old key}, its
+    warning); `section` is not changed. prefix: the section's path ("data."); context: shown
+    after the value."""
     if old not in section or new in section:
         return section, {}, []
-    moved = dict(section)
-    moved[new] = moved.pop(old)
-    warning = Problem(prefix + old, show(moved[new]) + context, rule,
-                      f"rename it to {prefix + new}", severity="warning")
+    moved = {**{k: v for k, v in section.items() if k != old}, new: section[old]}
+    warning = Problem(prefix + old, show(section[old]) + context, rule, f"rename it to {prefix + new}",
+                      severity="warning")
     return moved, {prefix + new: prefix + old}, [warning]
 
 

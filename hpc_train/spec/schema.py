@@ -53,19 +53,14 @@ class RunSpec:
 
 @dataclass(frozen=True)
 class Resources:
-    """What one batch job asks Slurm for, and the shell it runs before its command.
-
-    A workflow stage's `slurm:` section is one; a job spec's adds the job's shape (SlurmSpec).
-    One set of keys for both, turned into sbatch options in one place (slurm/options.py).
-    """
+    """What one batch job asks Slurm for, and the shell it runs first: a workflow stage's
+    `slurm:`; a job spec's adds the job's shape (SlurmSpec). Options: slurm/options.py."""
     partition: Optional[str] = spec_field(None, doc="partition; None = the site default",
                                           check=values.check_slurm_name, example="gpu")
     gpus_per_node: int = spec_field(0, doc="GPUs per node; 0 = a CPU job", ge=0)
-    cpus_per_task: int = spec_field(1, doc="CPU cores per task (a rank, or a stage's one "
-                                    "process): data workers live here", ge=1)
-    mem: Optional[str] = spec_field(None, doc='memory per node: "16G", "4000M", "0" = all; '
-                                    "None = the site default", check=values.check_memory,
-                                    example='"16G"')
+    cpus_per_task: int = spec_field(1, doc="CPU cores per rank (data workers live here)", ge=1)
+    mem: Optional[str] = spec_field(None, doc='memory per node: "16G", "4000M", "0" = all',
+                                    check=values.check_memory, example='"16G"')
     time: str = spec_field("00:30:00", doc="time limit in a Slurm format (D-HH:MM:SS ...)",
                            check=values.check_slurm_time, example='"01:30:00"')
     account: Optional[str] = spec_field(None, doc="account to charge",
@@ -85,8 +80,7 @@ class Resources:
     # Shell by design: the user's own module loads and exports, run as written.
     setup: list[str] = spec_field(doc="shell lines run before the job's command (module load ...)",
                                   factory=list)
-    site_profile: Optional[str] = spec_field(None, doc="site profile file (cluster defaults), "
-                                             "sourced before the setup lines",
+    site_profile: Optional[str] = spec_field(None, doc="site profile file, sourced before setup",
                                              check=values.check_path, example="env/site.sh")
 
     @property

@@ -47,24 +47,18 @@ def ancestors(needs: Needs, stage: str) -> set[str]:
     seen: set[str] = set()
     todo = list(needs.get(stage, []))
     while todo:
-        before = todo.pop()
-        if before in seen or before not in needs:
-            continue
-        seen.add(before)
-        todo.extend(needs[before])
+        if (before := todo.pop()) in needs and before not in seen:
+            seen.add(before)
+            todo.extend(needs[before])
     return seen
 
 
 def descendants(needs: Needs, stages: set[str]) -> set[str]:
     """Every stage that waits, directly or not, for one of `stages` (not those themselves)."""
     found: set[str] = set()
-    changed = True
-    while changed:
-        changed = False
-        for stage, before in needs.items():
-            if stage not in found and stage not in stages and any(b in stages or b in found for b in before):
-                found.add(stage)
-                changed = True
+    for stage in order(needs):
+        if stage not in stages and any(b in stages or b in found for b in needs[stage]):
+            found.add(stage)
     return found
 
 

@@ -1,10 +1,9 @@
 """Workflow file (+ --set STAGE.KEY=VALUE) -> Workflow, strictly: every problem, one line each.
 
 Order: read the YAML as a job spec is read (spec.yaml_io: no tags, no base-60, no duplicate
-keys) -> apply --set -> move old slurm key names (a warning each) -> build each part with the
-spec machinery (unknown keys, types, limits) -> the rules between stages (checks.py). Problems
-are spec.Problem, raised together as SpecInvalid (exit 2); nothing is created or submitted by
-any of this.
+keys) -> apply --set -> old slurm key names moved -> build each part with the spec machinery
+(unknown keys, types, limits) -> the rules between stages (checks.py). Problems are
+spec.Problem, raised together as SpecInvalid (exit 2); nothing is created or submitted.
 
 `--set STAGE.KEY=VALUE` sets a key of the stage; for a train stage, a key of its job spec
 (`--set train.optim.epochs=1`, as if written under the stage's `set:`).
@@ -32,6 +31,7 @@ from hpc_train.workflow.schema import (KINDS, OLD_STAGE_KEYS, STAGE_DEFAULTS, Sw
                                        TrainStage, Workflow, WorkflowHead, check_stage_name)
 
 _TRAIN_KEYS = {f.name for f in dataclasses.fields(TrainStage)}
+_OLD_RULE = "deprecated: a stage's slurm keys are the job spec's (read as {} for now)"
 
 
 def load_workflow(path: str | Path, overrides: list[str] = ()) -> Workflow:
@@ -62,7 +62,7 @@ def workflow_from_dict(data: dict, overrides: list[str] = ()) -> Workflow:
     if workflow is not None:
         problems += checks.check(workflow)
     if problems:
-        raise SpecInvalid(_unique(name_written_keys(problems, moved)))
+        raise SpecInvalid(list(dict.fromkeys(name_written_keys(problems, moved))))   # each once
     return dataclasses.replace(workflow, warnings=warnings)
 
 
@@ -70,27 +70,14 @@ def move_old_keys(data: dict) -> tuple[dict[str, str], list[Problem]]:
     """Moves the stages' old slurm key names (cpus, gpus) in `data` to the job spec's, in
     place: ({new key: old key}, a warning for each)."""
     stages = data.get("stages") if isinstance(data.get("stages"), dict) else {}
-    holders = [("slurm.", data)] + [(f"stages.{name}.slurm.", raw) for name, raw in stages.items()
-                                    if isinstance(raw, dict)]
-    moved: dict[str, str] = {}
-    warnings: list[Problem] = []
-    for prefix, holder in holders:
-        for old, new in OLD_STAGE_KEYS.items():
-            if isinstance(holder.get("slurm"), dict):
-                rule = f"deprecated: a stage's slurm keys are the job spec's (read as {new} for now)"
-                holder["slurm"], names, found = rename_key(holder["slurm"], old, new, prefix, rule)
-                moved.update(names)
-                warnings += found
+    holders = {"slurm.": data, **{f"stages.{n}.slurm.": raw for n, raw in stages.items() if isinstance(raw, dict)}}
+    moved, warnings = {}, []
+    for prefix, holder in holders.items():
+        for old, new in OLD_STAGE_KEYS.items() if isinstance(holder.get("slurm"), dict) else ():
+            holder["slurm"], names, found = rename_key(holder["slurm"], old, new, prefix, _OLD_RULE.format(new))
+            moved.update(names)
+            warnings += found
     return moved, warnings
-
-
-def _unique(problems: list[Problem]) -> list[Problem]:
-    seen, out = set(), []
-    for p in problems:
-        if str(p) not in seen:
-            seen.add(str(p))
-            out.append(p)
-    return out
 
 
 # -- --set -------------------------------------------------------------------------------------

@@ -9,9 +9,8 @@ train stage's job spec come back with the stage's key: `stages.train.set.optim.b
 
 from __future__ import annotations
 
-import dataclasses
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from hpc_train.rundir import RunPaths
@@ -108,9 +107,8 @@ def make_plan(workflow: Workflow, paths: WorkflowPaths, dirs, cwd: Path | None =
     for name in plan.order:
         if any(ref not in known for ref in _references(workflow.stages[name])):
             continue                   # a stage before it could not be planned: reported there
-        planner = _Planner(workflow, paths, name, known, cwd, python)
-        stage_plan = planner.train(dirs, problems, plan.warnings) if workflow.stages[name].kind == "train" \
-            else planner.jobs()
+        planner = _Planner(workflow, paths, name, known, cwd, python, dirs, problems, plan.warnings)
+        stage_plan = PLAN_OF_KIND[workflow.stages[name].kind](planner)
         if stage_plan is None:
             continue
         plan.stages[name] = stage_plan
@@ -128,6 +126,9 @@ class _Planner:
     known: dict
     cwd: Path
     python: str
+    dirs: PlannedDirs | NewDirs | RecordedDirs
+    problems: list[Problem]           # a train stage's job spec problems, of every stage
+    warnings: list[Problem]
 
     @property
     def stage(self):
@@ -155,19 +156,15 @@ class _Planner:
                         str(self.paths.root), self.python)
 
     def resources(self) -> Resources:
-        """The stage's resources, a relative site profile made absolute (as a job spec's)."""
+        """The stage's resources; a relative site profile is the submit directory's, as in a spec."""
         slurm = self.workflow.slurm[self.name]
-        if slurm.site_profile is None:
-            return slurm
-        return dataclasses.replace(slurm, site_profile=str(self.cwd / Path(slurm.site_profile).expanduser()))
+        profile = slurm.site_profile and str(self.cwd / Path(slurm.site_profile).expanduser())
+        return replace(slurm, site_profile=profile)
 
     def marker(self) -> refs.Value:
         return refs.literal(str(self.paths.marker(self.name)))
 
-    # -- kinds ------------------------------------------------------------------------------
-
-    def jobs(self) -> StagePlan:
-        return JOBS_OF_KIND[self.stage.kind](self)
+    # -- kinds (PLAN_OF_KIND) -----------------------------------------------------------------
 
     def shard_jobs(self) -> StagePlan:
         s = self.stage
@@ -225,7 +222,7 @@ class _Planner:
         job = self.job("main", [Shell(s.run, used)], marker, s.tasks)
         return StagePlan(self.name, s, {"dir": refs.literal(str(self.paths.stage_dir(self.name)))}, [job])
 
-    def train(self, dirs, problems: list[Problem], warnings: list[Problem]) -> StagePlan | None:
+    def train_runs(self) -> StagePlan | None:
         s: TrainStage = self.stage
         spec_file = refs.known_text(self.path(s.spec))
         shared = as_overrides({k: _known(v, self.known) for k, v in s.set.items()})
@@ -236,26 +233,27 @@ class _Planner:
             try:
                 spec, found = validate_spec_file(spec_file, shared + as_overrides(own))
             except SpecInvalid as exc:
-                problems += [_rekey(p, self.name, s.spec, set(s.set), own, index if s.sweep else None)
-                             for p in exc.problems]
+                self.problems += [_rekey(p, self.name, s.spec, set(s.set), own,
+                                         index if s.sweep else None) for p in exc.problems]
                 continue
-            warnings += [_rekey(p, self.name, s.spec, set(s.set), own, None) for p in found]
+            self.warnings += [_rekey(p, self.name, s.spec, set(s.set), own, None) for p in found]
             specs[index], values[index] = resolve_paths(spec, self.cwd), own
         if len(specs) < len(member_values):
             return None
         if s.sweep:
-            prefix = dirs.prefix(self.name, specs[0], len(specs))
+            prefix = self.dirs.prefix(self.name, specs[0], len(specs))
             run_dirs = {i: member_dir(prefix, i) for i in specs}
             outputs = {refs.BEST: (refs.Best(self.name),)}
         else:
-            prefix, run_dirs = None, {0: dirs.run_dir(self.name, specs[0])}
+            prefix, run_dirs = None, {0: self.dirs.run_dir(self.name, specs[0])}
             outputs = {"run_dir": refs.literal(str(run_dirs[0]))}
         return StagePlan(self.name, s, outputs, train=TrainPlan(spec_file, specs, run_dirs, values, prefix))
 
 
-# A non-train stage's kind -> the planner's method that makes its jobs.
-JOBS_OF_KIND = {"shard": _Planner.shard_jobs, "evaluate": _Planner.evaluate_jobs,
-                "export": _Planner.export_jobs, "command": _Planner.command_jobs}
+# A stage's kind -> the planner's method that plans it.
+PLAN_OF_KIND = {"shard": _Planner.shard_jobs, "train": _Planner.train_runs,
+                "evaluate": _Planner.evaluate_jobs, "export": _Planner.export_jobs,
+                "command": _Planner.command_jobs}
 
 
 def _references(stage: Stage) -> list[refs.Ref]:

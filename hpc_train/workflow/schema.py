@@ -56,10 +56,8 @@ def check_spec_key(text: str):
             "write e.g. optim.base_lr")
 
 
-# A stage's job asks for a little memory unless told: without --mem a site may give it a node's.
-STAGE_DEFAULTS = {"mem": "4G"}
-# A stage's old key names (read as the job spec's, with a warning: load.py).
-OLD_STAGE_KEYS = {"cpus": "cpus_per_task", "gpus": "gpus_per_node"}
+STAGE_DEFAULTS = {"mem": "4G"}    # without --mem, a site may give a stage's small job a whole node's
+OLD_STAGE_KEYS = {"cpus": "cpus_per_task", "gpus": "gpus_per_node"}   # read with a warning (load.py)
 
 
 # Fields every stage has. `slurm` is read apart (merged over the workflow's defaults).
@@ -171,8 +169,7 @@ class WorkflowHead:
     root: str = spec_field("runs", doc="where workflow directories are made",
                            check=values.check_path)
     slurm: dict[str, Any] = spec_field(doc="defaults for every non-train stage's slurm section "
-                                       "(the job spec's slurm keys but nodes, tasks_per_node and "
-                                       "signal_seconds; mem 4G unless given)", factory=dict)
+                                       "(spec.Resources; mem 4G unless given)", factory=dict)
     stages: dict[str, Any] = spec_field(doc="stage name -> stage", factory=dict)
 
 

@@ -1,5 +1,4 @@
-"""The batch script of a non-train stage's job (pure): sbatch options and setup lines made as a
-run's are (slurm/options.py), the command.
+"""The batch script of a non-train stage's job (pure): options and setup as a run's, the command.
 
     #!/bin/bash
     #SBATCH --job-name=smoke-chain.evaluate ... --dependency=afterok:123 --kill-on-invalid-dep=yes
