@@ -108,8 +108,7 @@ def submit_job(root: Path, time_limit: str) -> str:
     from hpc_train.spec import load_spec
 
     spec = load_spec(RunPaths(root).spec)
-    s = spec.slurm
-    # No stop signal and no requeue: the benchmark neither checkpoints nor requeues.
+    s = spec.slurm     # no stop signal in the shape: the benchmark neither checkpoints nor requeues
     shape = JobShape(f"bench-{spec.run.name}", str(root / OUTPUT), s.nodes, s.tasks_per_node)
     options = {**sbatch_options(s, shape), "time": time_limit}
     script = root / "bench.sbatch"

@@ -62,8 +62,7 @@ def sbatch_argv(nodes: int, time_limit: str, mem_mb: int, out_dir: Path, script:
                 partition: str | None) -> list[str]:
     resources = Resources(partition=partition, mem=f"{mem_mb}M", time=time_limit)
     options = sbatch_options(resources, JobShape(JOB_NAME, str(out_dir / OUTPUT), nodes))
-    return batch.sbatch_argv({**options, "error": str(out_dir / ERRORS), "chdir": str(Path.cwd())},
-                             script)
+    return batch.sbatch_argv({**options, "error": str(out_dir / ERRORS), "chdir": str(Path.cwd())}, script)
 
 
 def parse_job_output(text: str) -> dict | None:

@@ -1,9 +1,8 @@
 """A batch job's sbatch options and setup lines from a Resources value, made in one place.
 
-Every job we submit asks for resources here: a run (submit, render), a workflow stage, `doctor
---nodes` and `bench train --submit`; so a key means the same option everywhere, and no two
-generators drift. Out as `#SBATCH` lines or as submitit's parameters.
-"""
+Every job we submit asks for resources here (a run: submit, render; a workflow stage; `doctor
+--nodes`; `bench train --submit`), so a key means one option everywhere and no two generators
+drift. Out as `#SBATCH` lines or as submitit's parameters."""
 
 from __future__ import annotations
 
@@ -36,13 +35,9 @@ def sbatch_options(resources: Resources, shape: JobShape) -> Options:
                         "cpus-per-task": str(r.cpus_per_task), "time": str(r.time_minutes)}
     if shape.signal_seconds is not None:
         options.update({"signal": f"B:USR2@{shape.signal_seconds}", "requeue": True})
-    # append: a requeued run (or a stage run again by `workflow resume`) keeps the earlier output
-    options.update({"open-mode": "append", "output": shape.output})
-    if r.gpus_per_node:
-        options["gpus-per-node"] = str(r.gpus_per_node)
-    for name in _NAMED:
-        if (value := getattr(r, name)) is not None:
-            options[name.replace("_", "-")] = value
+    options.update({"open-mode": "append", "output": shape.output})   # a rerun keeps the earlier output
+    named = {"gpus-per-node": r.gpus_per_node or None, **{n.replace("_", "-"): getattr(r, n) for n in _NAMED}}
+    options.update({name: str(value) for name, value in named.items() if value is not None})
     return {**options, **{name: value if value != "" else True for name, value in r.extra.items()}}
 
 

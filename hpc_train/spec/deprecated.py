@@ -18,8 +18,7 @@ from hpc_train.spec.schema import TOKEN_KINDS
 def rename_key(section: dict, old: str, new: str, prefix: str, rule: str,
                context: str = "") -> tuple[dict, dict[str, str], list[Problem]]:
     """(section with `old` moved to `new` when only `old` is given, {new key: old key}, its
-    warning); `section` is not changed. prefix: the section's path ("data."); context: shown
-    after the value."""
+    warning), `section` unchanged. prefix: the section's path ("data."); context: after the value."""
     if old not in section or new in section:
         return section, {}, []
     moved = {**{k: v for k, v in section.items() if k != old}, new: section[old]}

@@ -13,8 +13,7 @@ Needs = dict[str, list[str]]
 
 
 def _sorter(needs: Needs) -> TopologicalSorter:
-    """A prepared sorter over the known stages (unknown names are reported on their own);
-    raises CycleError."""
+    """A prepared sorter of the known stages (unknown names are reported apart); CycleError."""
     sorter = TopologicalSorter({stage: [b for b in before if b in needs] for stage, before in needs.items()})
     sorter.prepare()
     return sorter
@@ -33,8 +32,7 @@ def order(needs: Needs) -> list[str]:
     """Stages so that each comes after everything it needs (file order among equals).
     Raises CycleError (a ValueError) on a cycle."""
     sorter, place = _sorter(needs), list(needs).index
-    ready: list[str] = []
-    done: list[str] = []
+    ready, done = [], []
     while sorter.is_active():
         ready = sorted([*ready, *sorter.get_ready()], key=place)
         done.append(ready.pop(0))
@@ -63,8 +61,7 @@ def descendants(needs: Needs, stages: set[str]) -> set[str]:
 
 
 def layers(needs: Needs) -> list[list[str]]:
-    """Stages by depth (0: waits for nothing; otherwise one more than the deepest stage it
-    waits for), in file order, for drawing the graph."""
+    """Stages by depth (0: waits for nothing, else 1 + the deepest it waits for), to draw them."""
     sorter, place = _sorter(needs), list(needs).index
     out: list[list[str]] = []
     while sorter.is_active():

@@ -67,8 +67,7 @@ def workflow_from_dict(data: dict, overrides: list[str] = ()) -> Workflow:
 
 
 def move_old_keys(data: dict) -> tuple[dict[str, str], list[Problem]]:
-    """Moves the stages' old slurm key names (cpus, gpus) in `data` to the job spec's, in
-    place: ({new key: old key}, a warning for each)."""
+    """Moves the stages' old slurm key names in `data` to the job spec's: ({new: old}, warnings)."""
     stages = data.get("stages") if isinstance(data.get("stages"), dict) else {}
     holders = {"slurm.": data, **{f"stages.{n}.slurm.": raw for n, raw in stages.items() if isinstance(raw, dict)}}
     moved, warnings = {}, []

@@ -73,10 +73,9 @@ def dependency_options(value: str | None) -> dict[str, str]:
 
 def options(job: StageJob, dependency_value: str | None) -> Options:
     """The job's sbatch options: one task on one node (an array of them), waiting as told."""
-    out = sbatch_options(job.slurm, JobShape(job.name, job.output))
-    if job.tasks > 1:
-        out["array"] = f"0-{job.tasks - 1}"
-    return {**out, **dependency_options(dependency_value)}
+    array = {"array": f"0-{job.tasks - 1}"} if job.tasks > 1 else {}
+    return {**sbatch_options(job.slurm, JobShape(job.name, job.output)), **array,
+            **dependency_options(dependency_value)}
 
 
 def best_variable(stage: str) -> str:
