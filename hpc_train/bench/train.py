@@ -32,7 +32,6 @@ from hpc_train.train.timing import Stopwatch
 DEFAULT_SPEC = "jobs/smoke.yaml"
 PLAN, REPORT_JSON, REPORT_MD, REPORT_PNG, OUTPUT = ("plan.json", "report.json", "report.md",
                                                    "report.png", "bench.out")
-NOT_FOR_THE_BENCH_JOB = ("signal", "requeue", "open-mode")   # it neither checkpoints nor requeues
 CHUNK = 5   # steps of a trainer, then of its bare baseline, in turn: both see the same load
 RANK_MODULE = "hpc_train.bench.train_rank"
 
@@ -111,16 +110,16 @@ def prepare(args) -> Path:
 
 def submit_job(root: Path, time_limit: str) -> str:
     from hpc_train.slurm import batch
-    from hpc_train.slurm.script import sbatch_options, setup_lines
+    from hpc_train.slurm.options import JobShape, sbatch_options, setup_lines
     from hpc_train.spec import load_spec
 
     spec = load_spec(RunPaths(root).spec)
-    options = {k: v for k, v in sbatch_options(spec, str(root / OUTPUT)).items()
-               if k not in NOT_FOR_THE_BENCH_JOB}
-    options.update({"job-name": f"bench-{spec.run.name}", "time": time_limit})
+    s = spec.slurm     # no stop signal in the shape: the benchmark neither checkpoints nor requeues
+    shape = JobShape(f"bench-{spec.run.name}", str(root / OUTPUT), s.nodes, s.tasks_per_node)
+    options = {**sbatch_options(s, shape), "time": time_limit}
     script = root / "bench.sbatch"
     command = [sys.executable, "-m", "hpc_train", "bench", "train", "--in-run", str(root)]
-    script.write_text(batch.script_text(command, setup_lines(spec),
+    script.write_text(batch.script_text(command, setup_lines(s),
                                         "Written by `python -m hpc_train bench train --submit`."))
     return batch.submit(batch.sbatch_argv(options, script), "the benchmark's job")
 

@@ -18,8 +18,9 @@ from pathlib import Path
 from hpc_train import events, scheduler
 from hpc_train.errors import SpecError, SubmitError
 from hpc_train.rundir import RunPaths
+from hpc_train.slurm.options import Options
 from hpc_train.slurm.run_code import CODE_KEEP
-from hpc_train.slurm.submit import Options, Submission, submit
+from hpc_train.slurm.submit import Submission, submit
 from hpc_train.spec import JobSpec, dump_spec_yaml, load_spec, spec_hash, spec_to_dict
 from hpc_train.spec.diff import changed_keys
 
