@@ -15,7 +15,8 @@ from hpc_train.bench.inspect import make_run
 from hpc_train.inspection import logs
 from hpc_train.inspection.health import assess, stalled_now
 from hpc_train.inspection.logparse import run_index, stack_dump, stamp_time, timed_lines, tracebacks
-from hpc_train.inspection.runstate import read_beats, step_rate, summarize, throughput, total_steps
+from hpc_train.inspection.summary import (RunFiles, read_beats, step_rate, summarize, throughput,
+                                          total_steps)
 from hpc_train.inspection.slurm_state import parse_sacct, parse_squeue
 from hpc_train.job import watchdog
 from hpc_train.rundir import RunPaths, read_jsonl
@@ -181,11 +182,11 @@ def test_summarize_uses_the_runs_own_stall_bound_and_world(tmp_path):
                events.stamped(events.started(["vm"], 2, None, [], 20.0), environ={}, now=LAUNCHED)]
     # launch.stall_seconds=20: beats every 2 s, silent after 10 s; rank 1's is 12 s old
     beats = {0: beat(0, 9, NOW - 1, NOW - 1), 1: beat(1, 9, NOW - 12, NOW - 12)}
-    status = summarize(paths, history, [], beats, None, NOW)
+    status = summarize(RunFiles(paths, history, [], beats, None), NOW)
     assert (status.state, status.job_id, status.world_size) == ("RUNNING", "7", 2)
     assert status.health.stalled_ranks == [1]
     history[1] = events.stamped(events.started(["vm"], 2, None, [], 300.0), environ={}, now=LAUNCHED)
-    assert summarize(paths, history, [], beats, None, NOW).health.ok     # silent after 15 s there
+    assert summarize(RunFiles(paths, history, [], beats, None), NOW).health.ok     # silent after 15 s there
     # Requeued, and Slurm shows the job RUNNING before the driver's next `started`: no ranks run
     # yet, so the last run's beats do not make a stall.
     from hpc_train.inspection.slurm_state import SlurmInfo
@@ -193,7 +194,8 @@ def test_summarize_uses_the_runs_own_stall_bound_and_world(tmp_path):
     history[1] = events.stamped(events.started(["vm"], 2, None, [], 20.0), environ={}, now=LAUNCHED)
     history.append(events.stamped(events.requeued("SIGUSR2", events.CAUSE_STOP, "driver", "", 75, 9.0),
                                   environ={}, now=NOW - 5))
-    between = summarize(paths, history, [], beats, None, NOW, SlurmInfo("RUNNING", "None", "squeue"))
+    between = summarize(RunFiles(paths, history, [], beats, None), NOW,
+                        SlurmInfo("RUNNING", "None", "squeue"))
     assert between.state == "RUNNING" and between.health.ok and between.health.stalled_ranks == []
 
 
@@ -286,9 +288,9 @@ def test_status_running_run_has_eta_and_diagnosis_for_a_failure(tmp_path):
     kept = [line for line in paths.events.read_text().splitlines() if '"finished"' not in line]
     paths.events.write_text("\n".join(kept) + "\n")
     now = json.loads(paths.metrics.read_text().splitlines()[-1])["time"] + 1
-    status = summarize(paths, read_jsonl(paths.events), read_jsonl(paths.metrics),
-                       {0: beat(0, 500, now - 1, now - 1), 1: beat(1, 500, now - 1, now - 1)},
-                       (250, now - 60), now)
+    status = summarize(RunFiles(paths, read_jsonl(paths.events), read_jsonl(paths.metrics),
+                                {0: beat(0, 500, now - 1, now - 1), 1: beat(1, 500, now - 1, now - 1)},
+                                (250, now - 60)), now)
     assert status.state == "RUNNING" and status.eta_seconds == 0 and status.checkpoint_age_seconds == 60
     log = paths.rank_log(1)
     log.write_text(log.read_text() + time.strftime("%Y-%m-%d %H:%M:%S,000", time.localtime(now))
