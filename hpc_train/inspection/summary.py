@@ -99,7 +99,7 @@ class RunFiles:
     paths: RunPaths
     events: list[dict]
     metrics: list[dict]
-    beats: dict[int, Beat]                  # the current run's heartbeats (`read_beats`)
+    beats: dict[int, Beat]                  # the current run's heartbeats (older: earlier runs')
     checkpoint: tuple[int, float] | None    # the latest complete one: step, when it was marked
     spec: dict | None = None                # spec.yaml as saved
     waiting_ranks: list[int] = field(default_factory=list)  # missing at a collective (Horovod)
@@ -107,8 +107,9 @@ class RunFiles:
     @classmethod
     def read(cls, paths: RunPaths) -> RunFiles:
         events = ev.read(paths)
-        return cls(paths, events, read_jsonl(paths.metrics), read_beats(paths, ev.start_time(events)),
-                   latest_checkpoint(paths), read_spec(paths))
+        beats = heartbeat.read_beats(paths.heartbeat, ev.start_time(events))  # the current run's
+        return cls(paths, events, read_jsonl(paths.metrics), beats, latest_checkpoint(paths),
+                   read_spec(paths))
 
 
 def summarize(run: RunFiles, now: float, slurm: SlurmInfo | None = None,
@@ -153,12 +154,6 @@ def summarize(run: RunFiles, now: float, slurm: SlurmInfo | None = None,
                       run.waiting_ranks, world_size=world, launched=launched,
                       stall_seconds=ev.stall_seconds(events, DEFAULT_STALL_SECONDS)),
         updated=now)
-
-
-def read_beats(paths: RunPaths, since: float = 0.0) -> dict[int, Beat]:
-    """The ranks' heartbeats written at or after `since` (the current run's start: older beats
-    are an earlier run's); files being replaced, stray .tmp files and other formats are skipped."""
-    return heartbeat.read_beats(paths.heartbeat, since)
 
 
 def latest_checkpoint(paths: RunPaths) -> tuple[int, float] | None:

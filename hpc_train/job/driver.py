@@ -206,19 +206,20 @@ def conclude(paths: RunPaths, checkpoint: CheckpointSpec, environ, started: floa
              end: float | None, ended: Ended) -> Decision:
     """Decide from how the ranks ended and the run state (retries spent), then carry it out."""
     restart = int(environ.get("SLURM_RESTART_COUNT") or 0)
-    # The stop's reason (stop_saved) only words the outcome; the action never depends on events.
+    # The stop's reason (an event) only words the outcome: the action never depends on events.
     stop_reason = events.stop_reason_since(events.read(paths), started) or ended.signal
-    decision = decide(
-        ended.returncode, stop_reason=stop_reason, restarts=restart,
-        failed_runs=run_state.read(paths).failed_runs(), max_requeues=checkpoint.max_requeues,
-        retries_on_failure=checkpoint.retries_on_failure, can_requeue=under_slurm(environ),
-        driver_signalled=ended.signal is not None, stall=ended.stall)
+    decision = decide(ended.returncode, stop_reason=stop_reason, restarts=restart,
+                      failed_runs=run_state.read(paths).failed_runs(),
+                      max_requeues=checkpoint.max_requeues,
+                      retries_on_failure=checkpoint.retries_on_failure,
+                      can_requeue=under_slurm(environ), driver_signalled=ended.signal is not None,
+                      stall=ended.stall)
     return _carry_out(decision, paths, environ, restart, end, ended)
 
 
 def _count_retry(paths: RunPaths, cause: str | None) -> str | None:
-    """Count a failure's or a stall's retry in the run state before it is taken; a retry that
-    cannot be counted is not taken (the job would retry past its budget). None, or why not."""
+    """Count a failure's or a stall's retry in the run state before it is taken: None, or why it
+    cannot be (then it is not taken: the job would retry past its budget)."""
     if cause not in events.FAILURE_CAUSES:
         return None
     try:
@@ -230,21 +231,14 @@ def _count_retry(paths: RunPaths, cause: str | None) -> str | None:
 
 def _carry_out(decision: Decision, paths: RunPaths, environ, restart: int, end: float | None,
                ended: Ended) -> Decision:
-    """Requeue when decided and Slurm agrees, a failure's retry counted first; record the outcome
-    that really happens.
+    """Requeue when decided and Slurm agrees (a retry counted first); record what really happens.
     end: the job's planned end, to tell a time limit from a cancel when Slurm ends it."""
     returncode, seconds = ended.returncode, ended.seconds
     if decision.action == "requeue":
         job_id = scheduler.job_ref(environ)   # a sweep member requeues its own task, never the array
         path = requeue_path(scheduler.show_job(job_id), restart)
         detail = "Slurm requeued the job already"
-        if path == "ending":
-            # Not Slurm's end time now: a cancel sets it to the moment of the cancel.
-            status = ending_status(time.time(), end)
-            events.try_record(paths, events.finished(status, f"{decision.reason}; not requeued: "
-                                                     "Slurm is ending the job", returncode, seconds))
-            return Decision("stopped", f"{decision.reason}; Slurm ended the job ({status})")
-        if problem := _count_retry(paths, decision.cause):
+        if path != "ending" and (problem := _count_retry(paths, decision.cause)):
             decision = Decision("failed", f"{decision.reason}; but {problem}")
         elif path == "driver":
             path, detail = scheduler.requeue(job_id, restart)
@@ -252,6 +246,12 @@ def _carry_out(decision: Decision, paths: RunPaths, environ, restart: int, end: 
                 decision = Decision("failed", f"{decision.reason}; but scontrol requeue failed: "
                                               f"{detail}. Continue with `python -m hpc_train "
                                               f"resume {paths.root}`")
+        elif path == "ending":
+            # Not Slurm's end time now: a cancel sets it to the moment of the cancel.
+            status = ending_status(time.time(), end)
+            events.try_record(paths, events.finished(status, f"{decision.reason}; not requeued: "
+                                                     "Slurm is ending the job", returncode, seconds))
+            return Decision("stopped", f"{decision.reason}; Slurm ended the job ({status})")
         if decision.action == "requeue":
             events.try_record(paths, events.requeued(decision.reason, decision.cause, path, detail,
                                                      returncode, seconds))
