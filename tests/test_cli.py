@@ -27,7 +27,7 @@ def test_login_node_modules_do_not_import_heavy_libraries():
         "hpc_train.launch.mpi, hpc_train.launch.argv, hpc_train.spec, hpc_train.spec.paths, "
         "hpc_train.slurm.submit, hpc_train.job.driver, hpc_train.slurm.render, hpc_train.rundir, "
         "hpc_train.events, hpc_train.scheduler, hpc_train.job.watchdog, hpc_train.slurm.resume, "
-        "hpc_train.inspection.cli, hpc_train.inspection.runstate, hpc_train.inspection.logs, "
+        "hpc_train.inspection.cli, hpc_train.inspection.summary, hpc_train.inspection.logs, "
         "hpc_train.inspection.diagnose, hpc_train.inspection.render, hpc_train.inspection.plot, "
         "hpc_train.bench.inspect, hpc_train.bench.pipeline, hpc_train.launch.local, "
         "hpc_train.spec.pipeline_rules, hpc_train.inspection.report, hpc_train.inspection.report_render, "

@@ -54,34 +54,29 @@ def _tail_lines(path: Path) -> list[str]:
 
 
 def build_status(run_dir: Path, slurm: bool = True, baseline: float | None = None,
-                 stall_minutes: float = 10.0):
+                 quiet_minutes: float = 10.0):
     """One run's RunStatus, with Slurm's live state and a diagnosis when it failed or stalls."""
     from hpc_train import events as ev
-    from hpc_train.inspection import diagnose, logs, runstate, signatures, slurm_state
-    from hpc_train.rundir import read_jsonl
+    from hpc_train.inspection import diagnose, logs, signatures, slurm_state, summary
 
     paths = RunPaths(run_dir)
-    events = ev.read(paths)
-    submission = ev.last_submission(events)
+    run = summary.RunFiles.read(paths)
+    submission = ev.last_submission(run.events)
     live = None
     if slurm and submission and submission[1] == "slurm":
         live = slurm_state.query(submission[0])
-    waiting = []
-    if (live.state if live else ev.state(events)) == "RUNNING":
+    if (live.state if live else ev.state(run.events)) == "RUNNING":
         for path in logs.rank_logs(paths).values():
-            waiting += signatures.missing_ranks(_tail_lines(path))
+            run.waiting_ranks += signatures.missing_ranks(_tail_lines(path))
     now = time.time()
-    status = runstate.summarize(
-        paths, events, read_jsonl(paths.metrics), runstate.read_beats(paths, ev.start_time(events)),
-        runstate.latest_checkpoint(paths), now, live, runstate.read_spec(paths),
-        baseline, stall_minutes * 60, waiting)
+    status = summary.summarize(run, now, live, baseline, quiet_minutes * 60)
     if status.state in _FAILED or status.state == "STOPPED" or not status.health.ok:
         status.diagnosis = diagnose.diagnose(paths, slurm=live, now=now).to_json()
     return status
 
 
 def _status(args: argparse.Namespace) -> int:
-    from hpc_train.inspection import render, runstate
+    from hpc_train.inspection import render, summary
 
     root = Path(args.root)
     if args.all:
@@ -90,7 +85,7 @@ def _status(args: argparse.Namespace) -> int:
         targets = [find_run(t, root) for t in args.targets]
     else:
         raise InspectError("status: give RUN_DIR or JOB_ID, or --all for the runs under --root")
-    baseline = runstate.baseline_per_rank(args.baseline) if args.baseline else None
+    baseline = summary.baseline_per_rank(args.baseline) if args.baseline else None
 
     def show() -> None:
         statuses = [build_status(t, args.slurm, baseline, args.stall_minutes) for t in targets]
