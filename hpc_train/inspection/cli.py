@@ -76,7 +76,7 @@ def build_status(run_dir: Path, slurm: bool = True, baseline: float | None = Non
 
 
 def _status(args: argparse.Namespace) -> int:
-    from hpc_train.inspection import render, summary
+    from hpc_train.inspection import summary, text
 
     root = Path(args.root)
     if args.all:
@@ -92,9 +92,9 @@ def _status(args: argparse.Namespace) -> int:
         if args.json:
             print(json.dumps({"runs": [s.to_json() for s in statuses]}, indent=1))
         elif args.all:
-            render.print_runs(statuses)
+            text.print_runs(statuses)
         else:
-            render.print_status(statuses)
+            text.print_status(statuses)
 
     if args.watch is None:
         show()
@@ -127,7 +127,7 @@ def _logs(args: argparse.Namespace) -> int:
 
 def _diagnose(args: argparse.Namespace) -> int:
     from hpc_train import events
-    from hpc_train.inspection import diagnose, render, slurm_state
+    from hpc_train.inspection import diagnose, slurm_state, text
 
     paths = RunPaths(find_run(args.run_dir, Path(args.root)))
     job_ids = events.job_ids(events.read(paths))
@@ -136,7 +136,7 @@ def _diagnose(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result.to_json(), indent=1))
     else:
-        print(render.diagnosis_text(result))
+        print(text.diagnosis_text(result))
     return 0
 
 
@@ -151,7 +151,7 @@ def _plot(args: argparse.Namespace) -> int:
 
 def _report(args: argparse.Namespace) -> int:
     from hpc_train.inspection.report import build_report
-    from hpc_train.inspection.report_render import print_report
+    from hpc_train.inspection.report_text import print_report
 
     paths = RunPaths(find_run(args.run_dir, Path(args.root)))
     report = build_report(paths, slurm=args.slurm, plot=args.plot)

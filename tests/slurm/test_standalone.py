@@ -14,7 +14,7 @@ import submitit
 from hpc_train.cli import main
 from hpc_train.errors import SpecError, SubmitError
 from hpc_train.rundir import RunPaths
-from hpc_train.slurm.render import fill_template, render_script
+from hpc_train.slurm.standalone import fill_template, render_script
 from hpc_train.slurm.script import run_options
 from hpc_train.slurm.submit import planned_script
 from hpc_train.slurm.submitit_private import PRIVATE, private_method
