@@ -104,6 +104,7 @@ def prepare(args) -> Path:
 
 
 def submit_job(root: Path, time_limit: str) -> str:
+    from hpc_train import scheduler
     from hpc_train.slurm import batch
     from hpc_train.slurm.script import sbatch_options, setup_lines
     from hpc_train.spec import load_spec
@@ -116,7 +117,7 @@ def submit_job(root: Path, time_limit: str) -> str:
     command = [sys.executable, "-m", "hpc_train", "bench", "train", "--in-run", str(root)]
     script.write_text(batch.script_text(command, setup_lines(spec),
                                         "Written by `python -m hpc_train bench train --submit`."))
-    return batch.submit(batch.sbatch_argv(options, script), "the benchmark's job")
+    return scheduler.submit(batch.sbatch_args(options, script), "the benchmark's job")
 
 
 def run_prepared(root: Path) -> dict:

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass
 from enum import Enum
 from importlib import metadata
 
-from hpc_train import _proc
+from hpc_train import _proc, scheduler
 from hpc_train.launch.local import find_local_mpirun
 from hpc_train.launch.mpi import MpiFlavour
 
@@ -173,19 +173,15 @@ def check_mpirun() -> list[Check]:
 
 
 def check_slurm() -> list[Check]:
-    sinfo = _proc.run(["sinfo", "-h", "-o", "%P %a %D %T"], timeout=20)
-    if sinfo.returncode == 127:
-        return [Check("slurm sinfo", Status.FAIL, "sinfo not on PATH", SLURM_FIX)]
-    if not sinfo.ok:
-        return [Check("slurm sinfo", Status.FAIL, _first_line(sinfo.stderr), SLURM_FIX)]
-    partitions = "; ".join(line.strip() for line in sinfo.stdout.strip().splitlines()) or "no partitions"
-    rows = [Check("slurm sinfo", Status.OK, partitions)]
-    sacct = _proc.run(["sacct", "-n", "-X", "-S", "now-1hours", "-o", "JobID"], timeout=20)
-    if sacct.ok:
+    partitions, problem = scheduler.partitions()
+    if problem is not None:
+        return [Check("slurm sinfo", Status.FAIL, _first_line(problem), SLURM_FIX)]
+    rows = [Check("slurm sinfo", Status.OK, "; ".join(partitions) or "no partitions")]
+    if (problem := scheduler.accounting_problem()) is None:
         rows.append(Check("slurm sacct", Status.OK, "accounting on"))
     else:
         rows.append(Check("slurm sacct", Status.WARN,
-                          f"accounting off ({_first_line(sacct.stderr)}): "
+                          f"accounting off ({_first_line(problem)}): "
                           "job history comes from run directories only",
                           "start slurmdbd (bash env/slurm/start.sh does) or ask your admins"))
     return rows

@@ -57,7 +57,8 @@ def build_status(run_dir: Path, slurm: bool = True, baseline: float | None = Non
                  stall_minutes: float = 10.0):
     """One run's RunStatus, with Slurm's live state and a diagnosis when it failed or stalls."""
     from hpc_train import events as ev
-    from hpc_train.inspection import diagnose, logs, runstate, signatures, slurm_state
+    from hpc_train import scheduler
+    from hpc_train.inspection import diagnose, logs, runstate, signatures
     from hpc_train.rundir import read_jsonl
 
     paths = RunPaths(run_dir)
@@ -65,7 +66,7 @@ def build_status(run_dir: Path, slurm: bool = True, baseline: float | None = Non
     submission = ev.last_submission(events)
     live = None
     if slurm and submission and submission[1] == "slurm":
-        live = slurm_state.query(submission[0])
+        live = scheduler.live_state(submission[0])
     waiting = []
     if (live.state if live else ev.state(events)) == "RUNNING":
         for path in logs.rank_logs(paths).values():
@@ -131,12 +132,12 @@ def _logs(args: argparse.Namespace) -> int:
 
 
 def _diagnose(args: argparse.Namespace) -> int:
-    from hpc_train import events
-    from hpc_train.inspection import diagnose, render, slurm_state
+    from hpc_train import events, scheduler
+    from hpc_train.inspection import diagnose, render
 
     paths = RunPaths(find_run(args.run_dir, Path(args.root)))
     job_ids = events.job_ids(events.read(paths))
-    slurm = slurm_state.query(job_ids[-1]) if args.slurm and job_ids and args.run is None else None
+    slurm = scheduler.live_state(job_ids[-1]) if args.slurm and job_ids and args.run is None else None
     result = diagnose.diagnose(paths, args.run, slurm)
     if args.json:
         print(json.dumps(result.to_json(), indent=1))

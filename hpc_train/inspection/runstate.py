@@ -13,9 +13,9 @@ from pathlib import Path
 from hpc_train import events as ev
 from hpc_train.checkpoint.layout import MARKER, list_complete, step_dir_name
 from hpc_train.inspection.health import DEFAULT_STALL_SECONDS, Beat, Health, assess
-from hpc_train.inspection.slurm_state import SlurmInfo
 from hpc_train.rundir import RunPaths, read_jsonl
 from hpc_train.runtime import heartbeat
+from hpc_train.scheduler import Job
 
 # Throughput fields a trainer may log, with their unit (pipeline runs log samples or tokens).
 THROUGHPUT_FIELDS = (("images_per_s", "images/s"), ("samples_per_s", "samples/s"),
@@ -94,7 +94,7 @@ def total_steps(events: list[dict], spec: dict | None) -> int | None:
 
 
 def summarize(paths: RunPaths, events: list[dict], metrics: list[dict], beats: dict[int, Beat],
-              checkpoint: tuple[int, float] | None, now: float, slurm: SlurmInfo | None = None,
+              checkpoint: tuple[int, float] | None, now: float, slurm: Job | None = None,
               spec: dict | None = None, baseline_per_rank: float | None = None,
               stall_seconds: float = 600, waiting_ranks: list[int] | None = None) -> RunStatus:
     """Pure: the files' contents (and the clock) -> the status of one run.
@@ -106,7 +106,7 @@ def summarize(paths: RunPaths, events: list[dict], metrics: list[dict], beats: d
     val = [m for m in metrics if m.get("split") == "val"]
     last = train[-1] if train else {}
     submission = ev.last_submission(events)
-    state = slurm.state if slurm else ev.state(events)
+    state = slurm.label if slurm else ev.state(events)
     running = state == "RUNNING"
     requeued = ev.requeues(events)
     world = ev.world_size(events)

@@ -33,9 +33,9 @@ def _run(args: argparse.Namespace) -> int:
         print("# dry run: nothing was submitted and no directory was created", file=sys.stderr)
         return 0
     if not args.local:
-        import shutil
+        from hpc_train import scheduler
 
-        if shutil.which("sbatch") is None:
+        if not scheduler.installed():
             print("note: sbatch is not on PATH: running the stages here, one after another "
                   "(the local executor)", file=sys.stderr)
     else:

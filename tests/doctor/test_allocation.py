@@ -195,8 +195,6 @@ def test_read_reports_skips_missing_and_half_written_files(tmp_path):
 
 
 def test_job_memory_stays_within_the_smallest_node():
-    assert doctor_nodes.smallest_node_memory("10244\n3000+\n") == 3000
-    assert doctor_nodes.smallest_node_memory("") is None
     assert doctor_nodes.job_memory_mb(None) == doctor_nodes.DEFAULT_MEM_MB
     assert doctor_nodes.job_memory_mb(10244) == doctor_nodes.DEFAULT_MEM_MB
     assert doctor_nodes.job_memory_mb(1000) <= 1000
@@ -217,10 +215,10 @@ def test_batch_script_quotes_every_word(tmp_path):
     words = shlex.split(exec_line)[1:]
     assert words[0] == "/opt/py env/bin/python" and words[words.index("--out") + 1] == str(out)
     assert words[words.index("--launcher") + 1] == "srun" and "--allocation" in words and "--json" in words
-    argv = doctor_nodes.sbatch_argv(2, "5", 2048, out, out / "doctor.sbatch", "debug")
-    assert argv[0] == "sbatch" and "--nodes=2" in argv and "--ntasks-per-node=1" in argv
-    assert "--partition=debug" in argv and argv[-1] == str(out / "doctor.sbatch")
-    assert "--partition=debug" not in doctor_nodes.sbatch_argv(2, "5", 2048, out, out / "s", None)
+    args = doctor_nodes.sbatch_args(2, "5", 2048, out, out / "doctor.sbatch", "debug")
+    assert "--nodes=2" in args and "--ntasks-per-node=1" in args
+    assert "--partition=debug" in args and args[-1] == str(out / "doctor.sbatch")
+    assert "--partition=debug" not in doctor_nodes.sbatch_args(2, "5", 2048, out, out / "s", None)
 
 
 def test_parse_job_output_finds_the_report_after_other_output():

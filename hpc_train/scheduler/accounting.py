@@ -1,23 +1,21 @@
-"""What Slurm's accounting knows of a run's jobs: one `Segment` per start of a job (sacct -D lists
-every requeued run of a job as its own record), with its steps.
+"""What Slurm's accounting knows of a run's jobs (pure): one `Segment` per start of a job (sacct -D
+lists every requeued run of a job as its own record), with its steps.
 
-The query is `sacct -D -P -n -o FIELDS -j IDS`; `parse` is pure and takes its text. The
-parsable format is used, not `--json`, whose layout changes between Slurm releases.
+The query (client.py) is `sacct -D -P -n -o FIELDS -j IDS`; `parse_segments` takes its text.
+The parsable format is used, not `--json`, whose layout changes between Slurm releases.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass, replace
-from datetime import datetime
 
-from hpc_train import _proc
+from hpc_train.scheduler.parse import JobState, job_state, parse_duration, parse_time
 
 FIELDS = ("JobID", "State", "Start", "End", "ElapsedRaw", "AllocCPUS", "AllocTRES", "ReqMem",
           "MaxRSS", "TotalCPU", "NNodes", "NodeList")
 _UNITS = {"": 1, "K": 1024, "M": 1024 ** 2, "G": 1024 ** 3, "T": 1024 ** 4, "P": 1024 ** 5}
 _MEMORY = re.compile(r"([\d.]+)([KMGTP]?)([nc]?)")
-_DURATION = re.compile(r"(?:(\d+)-)?(?:(\d+):)?(\d+):(\d+(?:\.\d+)?)")
 _GPUS = re.compile(r"gres/gpu(?::[^=,]+)?=(\d+)")
 
 
@@ -31,7 +29,7 @@ class Step:
 @dataclass(frozen=True)
 class Segment:
     job_id: str
-    state: str                  # REQUEUED, COMPLETED, FAILED, RUNNING, ... (first word)
+    state: JobState             # REQUEUED, COMPLETED, FAILED, RUNNING, ...
     start: float                # UNIX time
     end: float | None           # None while it runs
     elapsed: float              # seconds
@@ -47,14 +45,6 @@ class Segment:
     def max_rss(self) -> int | None:
         found = [s.max_rss for s in self.steps if s.max_rss is not None]
         return max(found) if found else None
-
-
-def parse_time(text: str) -> float | None:
-    """sacct's local time (2026-11-30T11:10:39) as UNIX time; None for None/Unknown."""
-    try:
-        return datetime.fromisoformat(text.strip()).timestamp()
-    except ValueError:
-        return None
 
 
 def parse_memory(text: str, bare: str = "") -> int | None:
@@ -81,16 +71,6 @@ def parse_req_mem(text: str, cpus: int, nodes: int) -> int | None:
     return int(value)
 
 
-def parse_duration(text: str) -> float | None:
-    """A Slurm duration ([D-][HH:]MM:SS[.mmm]: sacct's TotalCPU and Elapsed, squeue's %M) in
-    seconds; None when it is not one."""
-    match = _DURATION.fullmatch(text.strip())
-    if not match:
-        return None
-    days, hours, minutes, seconds = match.groups()
-    return int(days or 0) * 86400 + int(hours or 0) * 3600 + int(minutes) * 60 + float(seconds)
-
-
 def gpus_of(tres: str) -> int:
     """GPUs in an AllocTRES list: the untyped gres/gpu count (typed ones repeat it)."""
     untyped = re.search(r"gres/gpu=(\d+)", tres)
@@ -103,7 +83,7 @@ def _int(text: str) -> int:
     return int(text) if text.strip().isdigit() else 0
 
 
-def parse(text: str) -> list[Segment]:
+def parse_segments(text: str) -> list[Segment]:
     """sacct -D -P -n -o FIELDS rows -> the segments that started, in start order. A step row
     belongs to the latest allocation row of its job above it (sacct lists a segment's steps
     right after it)."""
@@ -127,7 +107,7 @@ def parse(text: str) -> list[Segment]:
             continue
         cpus, nodes = _int(row["AllocCPUS"]), _int(row["NNodes"])
         segments.append(Segment(
-            job_id=job_id, state=(row["State"].split() or ["UNKNOWN"])[0], start=start,
+            job_id=job_id, state=job_state(row["State"]), start=start,
             end=parse_time(row["End"]), elapsed=float(_int(row["ElapsedRaw"])), cpus=cpus,
             gpus=gpus_of(row["AllocTRES"]), nodes=nodes, node_list=row["NodeList"],
             req_mem=parse_req_mem(row["ReqMem"], cpus, nodes), total_cpu=parse_duration(row["TotalCPU"])))
@@ -135,18 +115,3 @@ def parse(text: str) -> list[Segment]:
         latest[job_id] = len(segments) - 1
     done = [replace(s, steps=tuple(found)) for s, found in zip(segments, steps)]
     return sorted(done, key=lambda s: s.start)
-
-
-def query(job_ids: list[str], timeout: float = 20.0) -> tuple[list[Segment], str | None]:
-    """(segments, None), or ([], why there are none) when sacct fails or knows nothing."""
-    if not job_ids:
-        return [], "no Slurm job id in the run's events"
-    out = _proc.run(["sacct", "-D", "-P", "-n", "-o", ",".join(FIELDS), "-j", ",".join(job_ids)],
-                    timeout=timeout)
-    if not out.ok:
-        first = (out.stderr.strip().splitlines() or ["no output"])[0]
-        return [], f"sacct failed ({first})"
-    segments = parse(out.stdout)
-    if not segments:
-        return [], f"sacct has no record of job {', '.join(job_ids)} (accounting off, or purged)"
-    return segments, None
