@@ -16,23 +16,20 @@ from enum import Enum
 
 
 class JobState(str, Enum):
-    """A job's state as squeue, sacct and scontrol name it (base states and the flags they show
-    instead). A str, so it compares with and prints as Slurm's own word."""
+    """A job's state as squeue, sacct and scontrol print it (Slurm's job_state_string: base states
+    and the flags shown instead). A str, so it compares with and prints as Slurm's own word."""
     BOOT_FAIL = "BOOT_FAIL"
     CANCELLED = "CANCELLED"
     COMPLETED = "COMPLETED"
     COMPLETING = "COMPLETING"
     CONFIGURING = "CONFIGURING"
     DEADLINE = "DEADLINE"
-    EXPEDITING = "EXPEDITING"            # 24.x+: requeued with the highest priority
+    EXPEDITING = "EXPEDITING"            # 25.05+: requeued with the highest priority
     FAILED = "FAILED"
-    LAUNCH_FAILED = "LAUNCH_FAILED"
     NODE_FAIL = "NODE_FAIL"
     OUT_OF_MEMORY = "OUT_OF_MEMORY"
     PENDING = "PENDING"
-    POWER_UP_NODE = "POWER_UP_NODE"
     PREEMPTED = "PREEMPTED"
-    RECONFIG_FAIL = "RECONFIG_FAIL"
     REQUEUED = "REQUEUED"
     REQUEUE_FED = "REQUEUE_FED"
     REQUEUE_HOLD = "REQUEUE_HOLD"
@@ -46,7 +43,6 @@ class JobState(str, Enum):
     STOPPED = "STOPPED"
     SUSPENDED = "SUSPENDED"
     TIMEOUT = "TIMEOUT"
-    UPDATE_DB = "UPDATE_DB"
     UNKNOWN = "UNKNOWN"                  # a word this version of hpc_train does not know
 
     def __str__(self) -> str:
@@ -62,11 +58,10 @@ class JobState(str, Enum):
 ACTIVE_STATES = frozenset(JobState[name] for name in (
     "PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED",
     "RESIZING", "SUSPENDED", "STAGE_OUT", "SIGNALING", "STOPPED", "RESV_DEL_HOLD", "SPECIAL_EXIT",
-    "EXPEDITING", "POWER_UP_NODE", "UPDATE_DB"))
+    "EXPEDITING"))
 # Ended without success, worst first (a stage's state names the first of these it has).
 FAILED_STATES = tuple(JobState[name] for name in (
-    "FAILED", "OUT_OF_MEMORY", "TIMEOUT", "NODE_FAIL", "BOOT_FAIL", "DEADLINE", "PREEMPTED",
-    "LAUNCH_FAILED", "RECONFIG_FAIL"))
+    "FAILED", "OUT_OF_MEMORY", "TIMEOUT", "NODE_FAIL", "BOOT_FAIL", "DEADLINE", "PREEMPTED"))
 # Has its allocation and is, or was just, running.
 RUNNING_STATES = frozenset(JobState[name] for name in (
     "RUNNING", "COMPLETING", "CONFIGURING", "SIGNALING", "STAGE_OUT", "RESIZING"))
@@ -142,13 +137,13 @@ def parse_duration(text: str) -> float | None:
 
 
 def array_tasks(job_id: str) -> list[str]:
-    """`123_[0-2,5%2]` -> 123_0, 123_1, 123_2, 123_5 (array tasks listed as one row: not split
-    off yet, or cancelled while pending); any other id -> itself."""
+    """`123_[0-2,5%2]` (or `123_[0-2,5]%2`) -> 123_0, 123_1, 123_2, 123_5 (array tasks listed as
+    one row: not split off yet, or cancelled while pending); any other id -> itself."""
     head, bracket, rest = job_id.partition("_[")
     if not bracket:
         return [job_id]
     tasks = []
-    for part in rest.rstrip("]").split("%")[0].split(","):
+    for part in rest.split("%")[0].rstrip("]").split(","):
         low, _, high = part.partition("-")
         if low.isdigit() and (not high or high.isdigit()):
             tasks += [f"{head}_{t}" for t in range(int(low), int(high or low) + 1)]
@@ -178,9 +173,11 @@ SACCT_FIELDS = ("JobID", "State", "Reason", "ElapsedRaw", "ExitCode", "NNodes", 
 
 
 def parse_show_job(text: str) -> Job | None:
-    """`scontrol show job -o ID` (one line of Key=Value; the first line for an array) -> its job;
+    """`scontrol show job [-o] ID` (Key=Value words; the first record of an array's) -> its job;
     None when there is no JobState (an error message instead)."""
-    fields = dict(_FIELD.findall((text.strip().splitlines() or [""])[0]))
+    fields: dict[str, str] = {}
+    for key, value in _FIELD.findall(re.split(r"\n(?=JobId=)", text.strip())[0]):
+        fields.setdefault(key, value)       # the first: SubmitLine= or Comment= may hold more
     if "JobState" not in fields:
         return None
     job_id = fields.get("JobId", "")
@@ -194,13 +191,14 @@ def parse_show_job(text: str) -> Job | None:
 
 
 def parse_squeue(text: str) -> list[Job]:
-    """`squeue -h -o SQUEUE_FORMAT` rows, in squeue's order (rows of another shape are skipped)."""
+    """`squeue -h -o SQUEUE_FORMAT` rows, in squeue's order (cells past ours are ignored, shorter
+    rows skipped)."""
     jobs = []
     for line in text.splitlines():
         cells = line.split("|")
-        if len(cells) != 7:
+        if len(cells) < 7:
             continue
-        job_id, state, reason, elapsed, end, count, nodes = (c.strip() for c in cells)
+        job_id, state, reason, elapsed, end, count, nodes = (c.strip() for c in cells[:7])
         jobs.append(Job(job_id, **_state_fields(state), reason=_reason(reason),
                         elapsed=parse_duration(elapsed), node_count=_count(count), nodes=nodes,
                         end_time=parse_time(end), source="squeue"))
@@ -209,13 +207,13 @@ def parse_squeue(text: str) -> list[Job]:
 
 def parse_sacct(text: str) -> list[Job]:
     """`sacct -X -n -P -o SACCT_FIELDS` rows, in sacct's order (the last row of a job is its latest
-    run; rows of another shape are skipped)."""
+    run; cells past ours are ignored, shorter rows skipped)."""
     jobs = []
     for line in text.splitlines():
         cells = line.split("|")
-        if len(cells) != len(SACCT_FIELDS):
+        if len(cells) < len(SACCT_FIELDS):
             continue
-        job_id, state, reason, elapsed, exit_code, count, nodes = (c.strip() for c in cells)
+        job_id, state, reason, elapsed, exit_code, count, nodes = (c.strip() for c in cells[:7])
         jobs.append(Job(job_id, **_state_fields(state), reason=_reason(reason), exit_code=exit_code,
                         elapsed=float(elapsed) if elapsed.isdigit() else None, node_count=_count(count),
                         nodes="" if nodes == "None assigned" else nodes, source="sacct"))
