@@ -70,11 +70,6 @@ def package_check(name: str, minimum: str, installed: str | None) -> Check:
     return Check(f"package {name}", Status.OK, installed)
 
 
-def _first_line(text: str) -> str:
-    lines = text.strip().splitlines()
-    return lines[0][:160] if lines else "no answer"
-
-
 # ---------------------------------------------------------------- checks
 
 def check_python() -> list[Check]:
@@ -175,16 +170,12 @@ def check_mpirun() -> list[Check]:
 def check_slurm() -> list[Check]:
     partitions, problem = scheduler.partitions()
     if problem is not None:
-        return [Check("slurm sinfo", Status.FAIL, _first_line(problem), SLURM_FIX)]
-    rows = [Check("slurm sinfo", Status.OK, "; ".join(partitions) or "no partitions")]
-    if (problem := scheduler.accounting_problem()) is None:
-        rows.append(Check("slurm sacct", Status.OK, "accounting on"))
-    else:
-        rows.append(Check("slurm sacct", Status.WARN,
-                          f"accounting off ({_first_line(problem)}): "
-                          "job history comes from run directories only",
-                          "start slurmdbd (bash env/slurm/start.sh does) or ask your admins"))
-    return rows
+        return [Check("slurm sinfo", Status.FAIL, problem, SLURM_FIX)]
+    problem = scheduler.accounting_problem()
+    return [Check("slurm sinfo", Status.OK, "; ".join(partitions) or "no partitions"),
+            Check("slurm sacct", Status.OK, "accounting on") if problem is None else
+            Check("slurm sacct", Status.WARN, f"accounting off ({problem}): job history comes from run "
+                  "directories only", "start slurmdbd (bash env/slurm/start.sh does) or ask your admins")]
 
 
 def check_master_addr() -> list[Check]:

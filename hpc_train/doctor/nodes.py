@@ -16,8 +16,8 @@ from pathlib import Path
 from hpc_train import scheduler
 from hpc_train.doctor.allocation import DEFAULT_TIMEOUT
 from hpc_train.errors import LaunchError, SubmitError
+from hpc_train.scheduler.parse import parse_duration
 from hpc_train.slurm import batch
-from hpc_train.spec.values import slurm_time_seconds
 
 DEFAULT_TIME = "5"          # minutes: imports and an MPI start-up, many times over
 DEFAULT_MEM_MB = 2048       # torch + Horovod + mpi4py in one process, with room to spare
@@ -36,7 +36,7 @@ def job_memory_mb(smallest: int | None) -> int:
 
 def inner_timeout(time_limit: str) -> float:
     """The probes' launch timeout inside the job: leave 30 s of the limit to report."""
-    seconds = slurm_time_seconds(time_limit)
+    seconds = parse_duration(time_limit)
     if not seconds:
         raise SubmitError(f"--time {time_limit!r}: not a Slurm time limit (e.g. 5, 10:00, 0:05:00)")
     return max(20.0, min(DEFAULT_TIMEOUT, seconds - 30.0))

@@ -10,13 +10,13 @@ import sys
 import time
 from pathlib import Path
 
+from hpc_train import scheduler
 from hpc_train.argtypes import positive_int
 from hpc_train.errors import InspectError
 from hpc_train.rundir import RunPaths
 
 _JOB_ID = re.compile(r"\d+(_\d+)?")
-_FAILED = {"FAILED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "CANCELLED", "PREEMPTED", "BOOT_FAIL",
-           "DEADLINE"}
+_FAILED = {*scheduler.FAILED_STATES, "CANCELLED"}
 _TAIL_BYTES = 64 * 1024      # a running job's stall warning is near the end of rank 0's log
 
 
@@ -57,7 +57,6 @@ def build_status(run_dir: Path, slurm: bool = True, baseline: float | None = Non
                  stall_minutes: float = 10.0):
     """One run's RunStatus, with Slurm's live state and a diagnosis when it failed or stalls."""
     from hpc_train import events as ev
-    from hpc_train import scheduler
     from hpc_train.inspection import diagnose, logs, runstate, signatures
     from hpc_train.rundir import read_jsonl
 
@@ -132,7 +131,7 @@ def _logs(args: argparse.Namespace) -> int:
 
 
 def _diagnose(args: argparse.Namespace) -> int:
-    from hpc_train import events, scheduler
+    from hpc_train import events
     from hpc_train.inspection import diagnose, render
 
     paths = RunPaths(find_run(args.run_dir, Path(args.root)))

@@ -1,16 +1,13 @@
 """What Slurm's accounting knows of a run's jobs (pure): one `Segment` per start of a job (sacct -D
-lists every requeued run of a job as its own record), with its steps.
-
-The query (client.py) is `sacct -D -P -n -o FIELDS -j IDS`; `parse_segments` takes its text.
-The parsable format is used, not `--json`, whose layout changes between Slurm releases.
-"""
+lists every requeued run as its own record), with its steps, from the client's `sacct -D -P -n -o
+FIELDS` (the parsable format: `--json`'s layout changes between Slurm releases)."""
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass, replace
 
-from hpc_train.scheduler.parse import JobState, job_state, parse_duration, parse_time
+from hpc_train.scheduler.parse import JobState, parse_count, job_state, parse_duration, parse_time
 
 FIELDS = ("JobID", "State", "Start", "End", "ElapsedRaw", "AllocCPUS", "AllocTRES", "ReqMem",
           "MaxRSS", "TotalCPU", "NNodes", "NodeList")
@@ -59,16 +56,11 @@ def parse_memory(text: str, bare: str = "") -> int | None:
 def parse_req_mem(text: str, cpus: int, nodes: int) -> int | None:
     """ReqMem as bytes per node. Slurm 21.08+ prints the job's total (2 nodes of --mem=2G: 4G);
     older releases per node (2Gn) or per CPU (500Mc). A bare number is MB, as --mem reads it."""
-    match = _MEMORY.fullmatch(text.strip())
-    if not match:
+    per = text.strip()[-1:] if text.strip()[-1:] in ("n", "c") else ""
+    value = parse_memory(text.strip().rstrip("nc"), bare="M")
+    if value is None:
         return None
-    number, unit, per = match.groups()
-    value = float(number) * _UNITS[unit or "M"]
-    if per == "c":
-        value *= cpus / max(nodes, 1)
-    elif per == "":
-        value /= max(nodes, 1)
-    return int(value)
+    return int(value * {"c": cpus / max(nodes, 1), "n": 1}.get(per, 1 / max(nodes, 1)))
 
 
 def gpus_of(tres: str) -> int:
@@ -77,10 +69,6 @@ def gpus_of(tres: str) -> int:
     if untyped:
         return int(untyped.group(1))
     return sum(int(n) for n in _GPUS.findall(tres))
-
-
-def _int(text: str) -> int:
-    return int(text) if text.strip().isdigit() else 0
 
 
 def parse_segments(text: str) -> list[Segment]:
@@ -105,10 +93,10 @@ def parse_segments(text: str) -> list[Segment]:
         if start is None:                # never started (cancelled while pending): no segment
             latest.pop(job_id, None)
             continue
-        cpus, nodes = _int(row["AllocCPUS"]), _int(row["NNodes"])
+        cpus, nodes = parse_count(row["AllocCPUS"]) or 0, parse_count(row["NNodes"]) or 0
         segments.append(Segment(
             job_id=job_id, state=job_state(row["State"]), start=start,
-            end=parse_time(row["End"]), elapsed=float(_int(row["ElapsedRaw"])), cpus=cpus,
+            end=parse_time(row["End"]), elapsed=float(parse_count(row["ElapsedRaw"]) or 0), cpus=cpus,
             gpus=gpus_of(row["AllocTRES"]), nodes=nodes, node_list=row["NodeList"],
             req_mem=parse_req_mem(row["ReqMem"], cpus, nodes), total_cpu=parse_duration(row["TotalCPU"])))
         steps.append([])

@@ -1,10 +1,8 @@
-"""What Slurm's commands print, as typed values (pure): job states, times, job ids, and the rows
-of the queries client.py makes.
+"""What Slurm's commands print, as typed values (pure): states, times, ids, the client's rows.
 
-Tolerant by design, from Slurm 22.05 to current releases: we ask for our own fields (`-o`,
-`--parsable2`) so a new default column changes nothing; `Key=Value` fields we do not know are
-ignored; a state word we do not know becomes JobState.UNKNOWN with Slurm's word kept for people;
-a value we cannot read becomes None. No parser raises on Slurm's text.
+Tolerant from Slurm 22.05 to current releases: the client asks for its own fields, so a new
+default column changes nothing; unknown `Key=Value` fields and extra cells are ignored; an
+unknown state word is JobState.UNKNOWN, its word kept for people; an unreadable value is None.
 """
 
 from __future__ import annotations
@@ -15,36 +13,7 @@ from datetime import datetime
 from enum import Enum
 
 
-class JobState(str, Enum):
-    """A job's state as squeue, sacct and scontrol print it (Slurm's job_state_string: base states
-    and the flags shown instead). A str, so it compares with and prints as Slurm's own word."""
-    BOOT_FAIL = "BOOT_FAIL"
-    CANCELLED = "CANCELLED"
-    COMPLETED = "COMPLETED"
-    COMPLETING = "COMPLETING"
-    CONFIGURING = "CONFIGURING"
-    DEADLINE = "DEADLINE"
-    EXPEDITING = "EXPEDITING"            # 25.05+: requeued with the highest priority
-    FAILED = "FAILED"
-    NODE_FAIL = "NODE_FAIL"
-    OUT_OF_MEMORY = "OUT_OF_MEMORY"
-    PENDING = "PENDING"
-    PREEMPTED = "PREEMPTED"
-    REQUEUED = "REQUEUED"
-    REQUEUE_FED = "REQUEUE_FED"
-    REQUEUE_HOLD = "REQUEUE_HOLD"
-    RESIZING = "RESIZING"
-    RESV_DEL_HOLD = "RESV_DEL_HOLD"
-    REVOKED = "REVOKED"
-    RUNNING = "RUNNING"
-    SIGNALING = "SIGNALING"
-    SPECIAL_EXIT = "SPECIAL_EXIT"
-    STAGE_OUT = "STAGE_OUT"
-    STOPPED = "STOPPED"
-    SUSPENDED = "SUSPENDED"
-    TIMEOUT = "TIMEOUT"
-    UNKNOWN = "UNKNOWN"                  # a word this version of hpc_train does not know
-
+class _State(str, Enum):
     def __str__(self) -> str:
         return self.value
 
@@ -54,17 +23,20 @@ class JobState(str, Enum):
         return self in ACTIVE_STATES
 
 
-# Job states in which the job is still Slurm's to run.
-ACTIVE_STATES = frozenset(JobState[name] for name in (
-    "PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED",
-    "RESIZING", "SUSPENDED", "STAGE_OUT", "SIGNALING", "STOPPED", "RESV_DEL_HOLD", "SPECIAL_EXIT",
-    "EXPEDITING"))
+# What squeue, sacct and scontrol print (Slurm's job_state_string, 22.05 to 25.11; EXPEDITING is
+# 25.05's), and UNKNOWN for a word we do not know. A str: it compares as Slurm's own word.
+JobState = _State("JobState", [(w, w) for w in (
+    "BOOT_FAIL CANCELLED COMPLETED COMPLETING CONFIGURING DEADLINE EXPEDITING FAILED NODE_FAIL "
+    "OUT_OF_MEMORY PENDING PREEMPTED REQUEUED REQUEUE_FED REQUEUE_HOLD RESIZING RESV_DEL_HOLD "
+    "REVOKED RUNNING SIGNALING SPECIAL_EXIT STAGE_OUT STOPPED SUSPENDED TIMEOUT UNKNOWN").split()])
+ACTIVE_STATES = frozenset(JobState[w] for w in (
+    "PENDING CONFIGURING RUNNING COMPLETING REQUEUED REQUEUE_HOLD REQUEUE_FED RESIZING SUSPENDED "
+    "STAGE_OUT SIGNALING STOPPED RESV_DEL_HOLD SPECIAL_EXIT EXPEDITING").split())
 # Ended without success, worst first (a stage's state names the first of these it has).
-FAILED_STATES = tuple(JobState[name] for name in (
-    "FAILED", "OUT_OF_MEMORY", "TIMEOUT", "NODE_FAIL", "BOOT_FAIL", "DEADLINE", "PREEMPTED"))
-# Has its allocation and is, or was just, running.
-RUNNING_STATES = frozenset(JobState[name] for name in (
-    "RUNNING", "COMPLETING", "CONFIGURING", "SIGNALING", "STAGE_OUT", "RESIZING"))
+FAILED_STATES = tuple(JobState[w] for w in
+                      "FAILED OUT_OF_MEMORY TIMEOUT NODE_FAIL BOOT_FAIL DEADLINE PREEMPTED".split())
+RUNNING_STATES = frozenset(JobState[w] for w in
+                           "RUNNING COMPLETING CONFIGURING SIGNALING STAGE_OUT RESIZING".split())
 
 
 def job_state(word: str) -> JobState:
@@ -92,9 +64,8 @@ class Job:
     @property
     def label(self) -> str:
         """The state for people: Slurm's word, flagged when we do not know it."""
-        if self.state is JobState.UNKNOWN and self.word:
-            return f"UNKNOWN ({self.word}: a state this hpc_train does not know)"
-        return self.state.value
+        unknown = self.state is JobState.UNKNOWN and self.word
+        return f"UNKNOWN ({self.word}: a state this hpc_train does not know)" if unknown else self.state.value
 
 
 def _state_fields(word: str) -> dict:
@@ -105,13 +76,12 @@ def _reason(text: str) -> str:
     return "" if text.strip() in ("None", "(null)") else text.strip()
 
 
-def _count(text: str) -> int | None:
+def parse_count(text: str) -> int | None:
     return int(text) if text.strip().isdigit() else None
 
 
-# --- times and durations ---------------------------------------------------------------------
-
-_DURATION = re.compile(r"(?:(?:(\d+)-)?(?:(\d+):)?(\d+):)?(\d+(?:\.\d+)?)")
+DURATION_FORMATS = "MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS"
+_DURATION = re.compile(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?(\.\d+)?", re.ASCII)
 
 
 def parse_time(text: str) -> float | None:
@@ -124,47 +94,60 @@ def parse_time(text: str) -> float | None:
 
 
 def parse_duration(text: str) -> float | None:
-    """A duration Slurm prints ([D-][HH:]MM:SS[.mmm] or SS[.mmm]: sacct's Elapsed and TotalCPU,
-    squeue's %M, scontrol's RunTime) -> seconds; None for UNLIMITED, INVALID, N/A and the like."""
-    match = _DURATION.fullmatch(text.strip())
+    """Seconds in a Slurm duration, as Slurm reads a time limit (DURATION_FORMATS: one number is
+    minutes, D-HH hours; a field after the first < 60, hours < 24 after days) or prints one (sacct's
+    Elapsed, TotalCPU's 00:00.002, squeue's %M, RunTime); None for UNLIMITED, INVALID, N/A, ..."""
+    match = _DURATION.fullmatch(text)
     if not match:
         return None
-    days, hours, minutes, seconds = match.groups()
-    return int(days or 0) * 86400 + int(hours or 0) * 3600 + int(minutes or 0) * 60 + float(seconds)
+    days, *numbers, fraction = match.groups()
+    given = [int(n) for n in numbers if n is not None]
+    if any(n >= 60 for n in given[1:]) or (days is not None and given[0] >= 24):
+        return None
+    if days is not None:
+        hours, minutes, seconds = given + [0] * (3 - len(given))
+    else:
+        hours, minutes, seconds = [0, given[0], 0] if len(given) == 1 else [0] * (3 - len(given)) + given
+    if fraction and len(given) < (3 if days is not None else 2):
+        return None                          # a fraction of a second, after something else
+    return ((int(days or 0) * 24 + hours) * 60 + minutes) * 60 + seconds + float(fraction or 0)
 
 
-# --- job ids ---------------------------------------------------------------------------------
+
+def expand_hostlist(nodelist: str) -> list[str]:
+    """Slurm's compressed host list: 'gpu[01-03,07],login1' -> gpu01, gpu02, gpu03, gpu07, login1
+    (zero padding as the range's own width, as `scontrol show hostnames` does)."""
+    hosts = []
+    for item in re.findall(r"(?:[^,\[]|\[[^\]]*\])+", nodelist.strip()):   # commas outside [...]
+        m = re.fullmatch(r"([^\[\]]*)\[([^\]]+)\](.*)", item)
+        if not m:
+            hosts.append(item)
+            continue
+        prefix, ranges, suffix = m.groups()
+        for part in ranges.split(","):
+            lo, _, hi = part.partition("-")
+            width = len(lo)
+            for number in range(int(lo), int(hi or lo) + 1):
+                hosts.extend(expand_hostlist(f"{prefix}{number:0{width}d}{suffix}"))
+    return hosts
 
 
 def array_tasks(job_id: str) -> list[str]:
     """`123_[0-2,5%2]` (or `123_[0-2,5]%2`) -> 123_0, 123_1, 123_2, 123_5 (array tasks listed as
     one row: not split off yet, or cancelled while pending); any other id -> itself."""
-    head, bracket, rest = job_id.partition("_[")
-    if not bracket:
-        return [job_id]
-    tasks = []
-    for part in rest.split("%")[0].rstrip("]").split(","):
-        low, _, high = part.partition("-")
-        if low.isdigit() and (not high or high.isdigit()):
-            tasks += [f"{head}_{t}" for t in range(int(low), int(high or low) + 1)]
-    return tasks
+    head = job_id.split("%")[0]
+    return expand_hostlist(head + "]" if "[" in head and not head.endswith("]") else head)
 
 
 def job_ref(environ) -> str | None:
-    """How Slurm commands must name the job this process runs in: `<array job>_<task>` for a task
-    of a job array, else SLURM_JOB_ID; None outside Slurm.
-
-    An array task has a job id of its own (SLURM_JOB_ID), but one task's id is the array's id
-    itself, and `scontrol requeue <array id>` requeues every task of the array: a member of a
-    sweep must only ever requeue itself.
-    """
+    """How Slurm commands must name the job this process runs in: `<array job>_<task>` in a job
+    array (one task's SLURM_JOB_ID is the array's own, and `scontrol requeue <array>` requeues
+    every task: a sweep member must requeue only itself), else SLURM_JOB_ID; None outside Slurm."""
     array, task = environ.get("SLURM_ARRAY_JOB_ID"), environ.get("SLURM_ARRAY_TASK_ID")
     if array and task:
         return f"{array}_{task}"
     return environ.get("SLURM_JOB_ID") or None
 
-
-# --- the queries' output ---------------------------------------------------------------------
 
 # `scontrol show job -o`: Key=Value words; values have no spaces (Reason's are made underscores).
 _FIELD = re.compile(r"(?:^|\s)([A-Za-z][A-Za-z0-9:/_]*)=(\S*)")
@@ -185,55 +168,28 @@ def parse_show_job(text: str) -> Job | None:
         job_id = f"{fields.get('ArrayJobId', job_id)}_{fields['ArrayTaskId']}"
     return Job(job_id, **_state_fields(fields["JobState"]), reason=_reason(fields.get("Reason", "")),
                exit_code=fields.get("ExitCode", ""), elapsed=parse_duration(fields.get("RunTime", "")),
-               restarts=_count(fields.get("Restarts", "")) or 0, node_count=_count(fields.get("NumNodes", "")),
-               nodes=fields.get("NodeList", ""), end_time=parse_time(fields.get("EndTime", "")),
+               restarts=parse_count(fields.get("Restarts", "")) or 0, nodes=fields.get("NodeList", ""),
+               node_count=parse_count(fields.get("NumNodes", "")), end_time=parse_time(fields.get("EndTime", "")),
                source="scontrol")
 
 
-def parse_squeue(text: str) -> list[Job]:
-    """`squeue -h -o SQUEUE_FORMAT` rows, in squeue's order (cells past ours are ignored, shorter
-    rows skipped)."""
-    jobs = []
+def _rows(text: str, width: int):
+    """The cells of each `|`-separated row: cells past ours ignored, shorter rows skipped."""
     for line in text.splitlines():
-        cells = line.split("|")
-        if len(cells) < 7:
-            continue
-        job_id, state, reason, elapsed, end, count, nodes = (c.strip() for c in cells[:7])
-        jobs.append(Job(job_id, **_state_fields(state), reason=_reason(reason),
-                        elapsed=parse_duration(elapsed), node_count=_count(count), nodes=nodes,
-                        end_time=parse_time(end), source="squeue"))
-    return jobs
+        if len(cells := line.split("|")) >= width:
+            yield [c.strip() for c in cells[:width]]
+
+
+def parse_squeue(text: str) -> list[Job]:
+    """`squeue -h -o SQUEUE_FORMAT` rows, in squeue's order."""
+    return [Job(job_id, **_state_fields(state), reason=_reason(reason), elapsed=parse_duration(elapsed),
+                node_count=parse_count(count), nodes=nodes, end_time=parse_time(end), source="squeue")
+            for job_id, state, reason, elapsed, end, count, nodes in _rows(text, 7)]
 
 
 def parse_sacct(text: str) -> list[Job]:
-    """`sacct -X -n -P -o SACCT_FIELDS` rows, in sacct's order (the last row of a job is its latest
-    run; cells past ours are ignored, shorter rows skipped)."""
-    jobs = []
-    for line in text.splitlines():
-        cells = line.split("|")
-        if len(cells) < len(SACCT_FIELDS):
-            continue
-        job_id, state, reason, elapsed, exit_code, count, nodes = (c.strip() for c in cells[:7])
-        jobs.append(Job(job_id, **_state_fields(state), reason=_reason(reason), exit_code=exit_code,
-                        elapsed=float(elapsed) if elapsed.isdigit() else None, node_count=_count(count),
-                        nodes="" if nodes == "None assigned" else nodes, source="sacct"))
-    return jobs
-
-
-def parse_submitted(text: str) -> str | None:
-    """`sbatch --parsable` -> the job id ('123', or '123;cluster' on a multi-cluster site)."""
-    words = text.strip().splitlines()
-    job_id = words[-1].split(";")[0].strip() if words else ""
-    return job_id if job_id.isdigit() else None
-
-
-def smallest_node_memory(text: str) -> int | None:
-    """`sinfo -h -o %m` lines ('10244', '3000+': at least 3000 MB) -> the smallest, in MB."""
-    sizes = [int(line.strip().rstrip("+")) for line in text.splitlines()
-             if line.strip().rstrip("+").isdigit()]
-    return min(sizes) if sizes else None
-
-
-def controller_up(text: str) -> bool:
-    """`scontrol ping`: 'Slurmctld(primary) at vm is UP' (one line per controller): one is up."""
-    return any(line.rstrip().endswith(" is UP") for line in text.splitlines())
+    """`sacct -X -n -P -o SACCT_FIELDS` rows, in sacct's order (a job's last row: its latest run)."""
+    return [Job(job_id, **_state_fields(state), reason=_reason(reason), exit_code=exit_code,
+                elapsed=parse_count(elapsed), node_count=parse_count(count),
+                nodes="" if nodes == "None assigned" else nodes, source="sacct")
+            for job_id, state, reason, elapsed, exit_code, count, nodes in _rows(text, len(SACCT_FIELDS))]

@@ -343,7 +343,7 @@ class JobSpec:
 
     @property
     def time_minutes(self) -> int:
-        seconds = values.slurm_time_seconds(self.slurm.time)
+        seconds = values.parse_duration(self.slurm.time)
         if seconds is None:  # only reachable for a JobSpec built by hand, not loaded
             raise ValueError(f"slurm.time {self.slurm.time!r} is not a Slurm time")
         return math.ceil(seconds / 60)

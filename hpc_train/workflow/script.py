@@ -22,8 +22,8 @@ import math
 import shlex
 from dataclasses import dataclass, field
 
+from hpc_train.scheduler.parse import parse_duration
 from hpc_train.slurm.render import sbatch_directives
-from hpc_train.spec.values import slurm_time_seconds
 from hpc_train.workflow import refs
 from hpc_train.workflow.schema import StageSlurm
 
@@ -75,7 +75,7 @@ def dependency_options(value: str | None) -> dict[str, str]:
 
 def options(job: StageJob, dependency_value: str | None) -> dict[str, str | bool]:
     s = job.slurm
-    seconds = slurm_time_seconds(s.time) or 60
+    seconds = parse_duration(s.time) or 60
     out: dict[str, str | bool] = {"job-name": job.name, "output": job.output, "open-mode": "append",
                                   "ntasks": "1", "cpus-per-task": str(s.cpus),
                                   "time": str(math.ceil(seconds / 60))}

@@ -14,8 +14,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from hpc_train import events as run_events
-from hpc_train.scheduler import FAILED_STATES, Job
 from hpc_train.rundir import RunPaths, read_jsonl
+from hpc_train.scheduler import FAILED_STATES, Job
 from hpc_train.workflow import events, queue, resolved, verify
 from hpc_train.workflow.paths import WorkflowPaths
 from hpc_train.workflow.sweep import metric_value, ranking

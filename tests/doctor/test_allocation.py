@@ -24,7 +24,7 @@ from hpc_train.launch.allocation import Allocation
 from hpc_train.launch.argv import launch_argv, launcher_env
 from hpc_train.launch.local import LocalMpirun, free_port
 from hpc_train.launch.mpi import MpiFlavour, MpiInfo
-from hpc_train.spec.values import slurm_time_seconds
+from hpc_train.scheduler.parse import parse_duration
 from tests.conftest import REPO
 
 HOSTS = ["node1", "node2", "node3"]
@@ -202,7 +202,7 @@ def test_job_memory_stays_within_the_smallest_node():
 
 def test_inner_timeout_leaves_time_to_report():
     for limit in ("1", "5", "1:00:00"):
-        assert 0 < doctor_nodes.inner_timeout(limit) < slurm_time_seconds(limit)
+        assert 0 < doctor_nodes.inner_timeout(limit) < parse_duration(limit)
     with pytest.raises(HpcTrainError, match="--time"):
         doctor_nodes.inner_timeout("soon")
 

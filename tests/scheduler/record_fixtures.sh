@@ -1,7 +1,7 @@
 #!/bin/bash
 # Record what this machine's Slurm prints for the queries hpc_train/scheduler makes, into
 # tests/scheduler/fixtures/<version>/ (run on a test cluster; it submits and cancels its own jobs).
-# The command lines here must stay those of hpc_train/scheduler/client.py.
+# The command lines here must stay those of hpc_train/scheduler/__init__.py (its formats: parse.py).
 set -euo pipefail
 version=$(sinfo --version | awk '{print $2}' | cut -d. -f1,2)
 out=$(cd "$(dirname "$0")" && pwd)/fixtures/$version

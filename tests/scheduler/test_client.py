@@ -11,7 +11,6 @@ import pytest
 
 from hpc_train import scheduler
 from hpc_train.errors import SubmitError
-from hpc_train.scheduler import client
 
 FIXTURES = Path(__file__).parent / "fixtures" / "22.05"
 
@@ -20,7 +19,7 @@ FIXTURES = Path(__file__).parent / "fixtures" / "22.05"
 def fake(tmp_path, monkeypatch):
     """fake(name, *replies): a stand-in Slurm command answering one reply per call (the last one
     repeats); a reply is (exit status, stdout, stderr). Returns how many times it was called."""
-    monkeypatch.setattr(client, "RETRY", client.Retry(attempts=3, pause=0.01))
+    monkeypatch.setattr(scheduler, "PAUSE", 0.01)
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
@@ -55,8 +54,14 @@ def test_a_real_refusal_is_not_asked_again(fake):
 
 
 def test_sbatch_is_sent_again_only_when_it_never_reached_slurm(fake):
-    calls = fake("sbatch", (1, "", "sbatch: error: " + UNREACHABLE[15:]), (0, "77\n", ""))
-    assert scheduler.submit(["x.sh"], "the test job") == "77" and calls() == 2
+    parsable = (FIXTURES / "sbatch_parsable.txt").read_text()
+    calls = fake("sbatch", (1, "", "sbatch: error: " + UNREACHABLE[15:]), (0, parsable, ""))
+    assert scheduler.submit(["x.sh"], "the test job") == "24" and calls() == 2
+    fake("sbatch", (0, "123;cluster2\n", ""))
+    assert scheduler.submit(["x.sh"], "the test job") == "123"
+    fake("sbatch", (0, "", ""))
+    with pytest.raises(SubmitError, match="sbatch refused the test job: exit 0"):
+        scheduler.submit(["x.sh"], "the test job")
     calls = fake("sbatch", (1, "", "sbatch: error: Socket timed out on send/recv operation"))
     with pytest.raises(SubmitError, match="may have been submitted all the same") as refused:
         scheduler.submit(["y.sh"], "the test job")
@@ -82,6 +87,8 @@ def test_commands_and_small_answers(fake, monkeypatch, tmp_path):
     assert scheduler.cancel(["31"]) == "scancel: error: Invalid job id 31"
     fake("sinfo", (0, "debug* up 1 idle\ngpu up 2 mixed\n", ""))
     assert scheduler.partitions() == (["debug* up 1 idle", "gpu up 2 mixed"], None)
+    fake("sinfo", (0, (FIXTURES / "sinfo_memory.txt").read_text() + "3000+\n", ""))
+    assert scheduler.smallest_memory("debug") == 3000
     fake("scontrol", (0, (FIXTURES / "scontrol_ping.txt").read_text(), ""))
     assert scheduler.controller_problem({}) is None
     assert scheduler.controller_problem({"SLURM_CONF": str(tmp_path / "none")}).endswith("is not a file")
