@@ -1,5 +1,5 @@
 """No module outside hpc_train/scheduler/ runs a Slurm command or reads what one prints
-(docs/architecture.md, "The Slurm boundary"): a change of Slurm's output is fixed in one place.
+(docs/architecture.md, "One owner per concept"): a change of Slurm's output is fixed in one place.
 
 The scan reads every module's AST: an argv list whose first word is a Slurm command, a process
 call (subprocess, os, _proc.run) given one, a `shutil.which` probe for one, and the marks of
