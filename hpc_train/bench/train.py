@@ -109,6 +109,7 @@ def prepare(args) -> Path:
 
 
 def submit_job(root: Path, time_limit: str) -> str:
+    from hpc_train import scheduler
     from hpc_train.slurm import batch
     from hpc_train.slurm.options import JobShape, sbatch_options, setup_lines
     from hpc_train.spec import load_spec
@@ -121,7 +122,7 @@ def submit_job(root: Path, time_limit: str) -> str:
     command = [sys.executable, "-m", "hpc_train", "bench", "train", "--in-run", str(root)]
     script.write_text(batch.script_text(command, setup_lines(s),
                                         "Written by `python -m hpc_train bench train --submit`."))
-    return batch.submit(batch.sbatch_argv(options, script), "the benchmark's job")
+    return scheduler.submit(batch.sbatch_args(options, script), "the benchmark's job")
 
 
 def run_launches(spec, root: Path, plan: dict) -> None:

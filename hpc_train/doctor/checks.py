@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass
 from enum import Enum
 from importlib import metadata
 
-from hpc_train import _proc
+from hpc_train import _proc, scheduler
 from hpc_train.launch.local import find_local_mpirun
 from hpc_train.launch.mpi import MpiFlavour
 
@@ -68,11 +68,6 @@ def package_check(name: str, minimum: str, installed: str | None) -> Check:
         return Check(f"package {name}", Status.FAIL, f"{installed} < required {minimum}",
                      f"pip install '{name}>={minimum}' (or {SETUP_FIX})")
     return Check(f"package {name}", Status.OK, installed)
-
-
-def _first_line(text: str) -> str:
-    lines = text.strip().splitlines()
-    return lines[0][:160] if lines else "no answer"
 
 
 # ---------------------------------------------------------------- checks
@@ -173,22 +168,14 @@ def check_mpirun() -> list[Check]:
 
 
 def check_slurm() -> list[Check]:
-    sinfo = _proc.run(["sinfo", "-h", "-o", "%P %a %D %T"], timeout=20)
-    if sinfo.returncode == 127:
-        return [Check("slurm sinfo", Status.FAIL, "sinfo not on PATH", SLURM_FIX)]
-    if not sinfo.ok:
-        return [Check("slurm sinfo", Status.FAIL, _first_line(sinfo.stderr), SLURM_FIX)]
-    partitions = "; ".join(line.strip() for line in sinfo.stdout.strip().splitlines()) or "no partitions"
-    rows = [Check("slurm sinfo", Status.OK, partitions)]
-    sacct = _proc.run(["sacct", "-n", "-X", "-S", "now-1hours", "-o", "JobID"], timeout=20)
-    if sacct.ok:
-        rows.append(Check("slurm sacct", Status.OK, "accounting on"))
-    else:
-        rows.append(Check("slurm sacct", Status.WARN,
-                          f"accounting off ({_first_line(sacct.stderr)}): "
-                          "job history comes from run directories only",
-                          "start slurmdbd (bash env/slurm/start.sh does) or ask your admins"))
-    return rows
+    partitions, problem = scheduler.partitions()
+    if problem is not None:
+        return [Check("slurm sinfo", Status.FAIL, problem, SLURM_FIX)]
+    problem = scheduler.accounting_problem()
+    return [Check("slurm sinfo", Status.OK, "; ".join(partitions) or "no partitions"),
+            Check("slurm sacct", Status.OK, "accounting on") if problem is None else
+            Check("slurm sacct", Status.WARN, f"accounting off ({problem}): job history comes from run "
+                  "directories only", "start slurmdbd (bash env/slurm/start.sh does) or ask your admins")]
 
 
 def check_master_addr() -> list[Check]:

@@ -13,26 +13,19 @@ import sys
 import time
 from pathlib import Path
 
-from hpc_train import _proc, scheduler
+from hpc_train import scheduler
 from hpc_train.doctor.allocation import DEFAULT_TIMEOUT
 from hpc_train.errors import LaunchError, SubmitError
+from hpc_train.scheduler.parse import parse_duration
 from hpc_train.slurm import batch
 from hpc_train.slurm.options import JobShape, sbatch_options
 from hpc_train.spec import Resources
-from hpc_train.spec.values import slurm_time_seconds
 
 DEFAULT_TIME = "5"          # minutes: imports and an MPI start-up, many times over
 DEFAULT_MEM_MB = 2048       # torch + Horovod + mpi4py in one process, with room to spare
 DEFAULT_WAIT = 600.0        # queue wait included
 JOB_NAME = "hpc-doctor"
 OUTPUT, ERRORS, SCRIPT = "job.out", "job.err", "doctor.sbatch"
-
-
-def smallest_node_memory(sinfo_text: str) -> int | None:
-    """`sinfo -h -o %m` lines ('10244', '3000+': at least 3000 MB) -> the smallest, in MB."""
-    sizes = [int(line.strip().rstrip("+")) for line in sinfo_text.splitlines()
-             if line.strip().rstrip("+").isdigit()]
-    return min(sizes) if sizes else None
 
 
 def job_memory_mb(smallest: int | None) -> int:
@@ -45,7 +38,7 @@ def job_memory_mb(smallest: int | None) -> int:
 
 def inner_timeout(time_limit: str) -> float:
     """The probes' launch timeout inside the job: leave 30 s of the limit to report."""
-    seconds = slurm_time_seconds(time_limit)
+    seconds = parse_duration(time_limit)
     if not seconds:
         raise SubmitError(f"--time {time_limit!r}: not a Slurm time limit (e.g. 5, 10:00, 0:05:00)")
     return max(20.0, min(DEFAULT_TIMEOUT, seconds - 30.0))
@@ -58,11 +51,11 @@ def batch_script(python: str, method: str, out_dir: Path, timeout: float) -> str
                                               "one probe per node of this job.")
 
 
-def sbatch_argv(nodes: int, time_limit: str, mem_mb: int, out_dir: Path, script: Path,
+def sbatch_args(nodes: int, time_limit: str, mem_mb: int, out_dir: Path, script: Path,
                 partition: str | None) -> list[str]:
     resources = Resources(partition=partition, mem=f"{mem_mb}M", time=time_limit)
     options = sbatch_options(resources, JobShape(JOB_NAME, str(out_dir / OUTPUT), nodes))
-    return batch.sbatch_argv({**options, "error": str(out_dir / ERRORS), "chdir": str(Path.cwd())}, script)
+    return batch.sbatch_args({**options, "error": str(out_dir / ERRORS), "chdir": str(Path.cwd())}, script)
 
 
 def parse_job_output(text: str) -> dict | None:
@@ -101,20 +94,18 @@ def check_nodes(nodes: int, method: str, partition: str | None, time_limit: str,
     out_dir.mkdir(parents=True, exist_ok=True)
     script = out_dir / SCRIPT
     script.write_text(batch_script(sys.executable, method, out_dir, inner_timeout(time_limit)))
-    sinfo = _proc.run(["sinfo", "-h", "-o", "%m", *([f"--partition={partition}"] if partition else [])],
-                      timeout=20)
-    mem = job_memory_mb(smallest_node_memory(sinfo.stdout) if sinfo.ok else None)
-    job_id = batch.submit(sbatch_argv(nodes, time_limit, mem, out_dir, script, partition),
-                          "the doctor's job")
+    mem = job_memory_mb(scheduler.smallest_memory(partition))
+    job_id = scheduler.submit(sbatch_args(nodes, time_limit, mem, out_dir, script, partition),
+                              "the doctor's job")
     print(f"doctor: job {job_id} on {nodes} node{'s' * (nodes > 1)} ({method}); waiting up to "
           f"{wait:g} s; output in {out_dir}", file=sys.stderr, flush=True)
     ended, state = batch.wait_for(job_id, wait)
     if not ended:
-        _proc.run(["scancel", job_id], timeout=30)
+        scheduler.cancel([job_id])
         raise LaunchError(f"doctor job {job_id} still {state or 'unknown'} after {wait:g} s: cancelled "
                           "it. A busy queue: raise --timeout, or pick an idle --partition")
     record = scheduler.show_job(job_id)
-    state = record.state if record else state or "unknown"
+    state = record.label if record else state or "unknown"
     output = out_dir / OUTPUT
     report = parse_job_output(output.read_text(errors="replace")) if output.is_file() else None
     if report is None:

@@ -10,13 +10,13 @@ import sys
 import time
 from pathlib import Path
 
+from hpc_train import scheduler
 from hpc_train.argtypes import positive_int
 from hpc_train.errors import InspectError
 from hpc_train.rundir import RunPaths
 
 _JOB_ID = re.compile(r"\d+(_\d+)?")
-_FAILED = {"FAILED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "CANCELLED", "PREEMPTED", "BOOT_FAIL",
-           "DEADLINE"}
+_FAILED = {*scheduler.FAILED_STATES, "CANCELLED"}
 _TAIL_BYTES = 64 * 1024      # a running job's stall warning is near the end of rank 0's log
 
 
@@ -57,14 +57,14 @@ def build_status(run_dir: Path, slurm: bool = True, baseline: float | None = Non
                  quiet_minutes: float = 10.0):
     """One run's RunStatus, with Slurm's live state and a diagnosis when it failed or stalls."""
     from hpc_train import events as ev
-    from hpc_train.inspection import diagnose, logs, signatures, slurm_state, summary
+    from hpc_train.inspection import diagnose, logs, signatures, summary
 
     paths = RunPaths(run_dir)
     run = summary.RunFiles.read(paths)
     submission = ev.last_submission(run.events)
     live = None
     if slurm and submission and submission[1] == "slurm":
-        live = slurm_state.query(submission[0])
+        live = scheduler.live_state(submission[0])
     if (live.state if live else ev.state(run.events)) == "RUNNING":
         for path in logs.rank_logs(paths).values():
             run.waiting_ranks += signatures.missing_ranks(_tail_lines(path))
@@ -127,11 +127,11 @@ def _logs(args: argparse.Namespace) -> int:
 
 def _diagnose(args: argparse.Namespace) -> int:
     from hpc_train import events
-    from hpc_train.inspection import diagnose, slurm_state, text
+    from hpc_train.inspection import diagnose, text
 
     paths = RunPaths(find_run(args.run_dir, Path(args.root)))
     job_ids = events.job_ids(events.read(paths))
-    slurm = slurm_state.query(job_ids[-1]) if args.slurm and job_ids and args.run is None else None
+    slurm = scheduler.live_state(job_ids[-1]) if args.slurm and job_ids and args.run is None else None
     result = diagnose.diagnose(paths, args.run, slurm)
     if args.json:
         print(json.dumps(result.to_json(), indent=1))

@@ -28,7 +28,7 @@ from hpc_train.inspection.logparse import (Line, Traceback, rank_host, run_index
                                            tracebacks)
 from hpc_train.inspection.signatures import (BY_ID, STALL_ADVICE, STALL_DONE, STALL_LIVE, Match,
                                           match_signatures, missing_ranks)
-from hpc_train.inspection.slurm_state import SlurmInfo
+from hpc_train.scheduler import Job
 from hpc_train.rundir import EVENTS_FILE, RunPaths
 from hpc_train.runtime import heartbeat
 
@@ -199,7 +199,7 @@ def driver_logs(paths: RunPaths, job_id: str | None) -> list[Path]:
     return found + sorted(paths.root.glob(paths.slurm_output(job_id or "*").name))
 
 
-def diagnose(paths: RunPaths, run: int | None = None, slurm: SlurmInfo | None = None,
+def diagnose(paths: RunPaths, run: int | None = None, slurm: Job | None = None,
              now: float | None = None) -> Diagnosis:
     """run: index of the run to look at (default: the last one); now: the clock, for a live
     stall of a running run."""
@@ -267,9 +267,9 @@ def _driver_lines(paths: RunPaths, job_id: str | None):
 
 
 def _signature_lines(paths: RunPaths, driver: list[tuple[str, str]], lines: dict[int, list[Line]],
-                     slurm: SlurmInfo | None, window: list[dict]):
+                     slurm: Job | None, window: list[dict]):
     if slurm is not None:
-        yield "sacct", f"State={slurm.state}"
+        yield "sacct", f"State={slurm.label}"
     yield from driver
     for rank, found in lines.items():
         name = paths.rank_log(rank).name

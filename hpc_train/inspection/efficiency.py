@@ -14,7 +14,7 @@ import statistics
 from dataclasses import dataclass
 
 from hpc_train import events as ev
-from hpc_train.inspection.sacct import Segment
+from hpc_train.scheduler import Segment
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from hpc_train import events as ev
-from hpc_train.inspection import efficiency, sacct
+from hpc_train import scheduler
+from hpc_train.inspection import efficiency
 from hpc_train.inspection.efficiency import Restart, Usage, Window
 from hpc_train.inspection.summary import read_spec
 from hpc_train.rundir import RunPaths, read_jsonl
@@ -99,7 +100,7 @@ def build_report(paths: RunPaths, slurm: bool = True, now: float | None = None,
     unknown = []
     segments, problem = [], "not asked (--no-slurm)"
     if slurm and (ev.last_submission(events) or ("", "slurm"))[1] == "slurm":
-        segments, problem = sacct.query(job_ids)
+        segments, problem = scheduler.segments(job_ids)
     elif slurm:
         problem = "the run used submitit's local executor: no Slurm accounting"
     if segments:

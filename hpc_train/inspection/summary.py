@@ -13,9 +13,9 @@ from pathlib import Path
 from hpc_train import events as ev
 from hpc_train.checkpoint.layout import MARKER, list_complete, step_dir_name
 from hpc_train.inspection.health import DEFAULT_STALL_SECONDS, Beat, Health, assess
-from hpc_train.inspection.slurm_state import SlurmInfo
 from hpc_train.rundir import RunPaths, read_jsonl
 from hpc_train.runtime import heartbeat
+from hpc_train.scheduler import Job
 
 # Throughput fields a trainer may log, with their unit (pipeline runs log samples or tokens).
 THROUGHPUT_FIELDS = (("images_per_s", "images/s"), ("samples_per_s", "samples/s"),
@@ -112,7 +112,7 @@ class RunFiles:
                    read_spec(paths))
 
 
-def summarize(run: RunFiles, now: float, slurm: SlurmInfo | None = None,
+def summarize(run: RunFiles, now: float, slurm: Job | None = None,
               baseline_per_rank: float | None = None, quiet_seconds: float = 600) -> RunStatus:
     """Pure: the files' contents (and the clock) -> the status of one run.
 
@@ -124,7 +124,7 @@ def summarize(run: RunFiles, now: float, slurm: SlurmInfo | None = None,
     val = [m for m in run.metrics if m.get("split") == "val"]
     last = train[-1] if train else {}
     submission = ev.last_submission(events)
-    state = slurm.state if slurm else ev.state(events)
+    state = slurm.label if slurm else ev.state(events)
     running = state == "RUNNING"
     requeued = ev.named(events, ev.REQUEUED)
     world = ev.world_size(events)

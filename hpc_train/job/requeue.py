@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from hpc_train import events
 from hpc_train.runtime.stop import STOP_EXIT
-from hpc_train.scheduler import JobRecord
+from hpc_train.scheduler import Job
 
 
 @dataclass(frozen=True)
@@ -65,7 +65,7 @@ def _retry_or_fail(what: str, cause: str, can_requeue: bool, failed_runs: int,
     return Decision("failed", f"{what}; checkpoint.retries_on_failure={retries_on_failure} used up")
 
 
-def requeue_path(job: JobRecord | None, restart: int) -> str:
+def requeue_path(job: Job | None, restart: int) -> str:
     """How a wanted requeue happens, from `scontrol show job` (None: it did not answer):
     "slurm"  Slurm requeued the job already (its restart count went past ours: an external
              `scontrol requeue`, a preemption with requeue);

@@ -6,6 +6,8 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from hpc_train.scheduler.parse import expand_hostlist
+
 
 @dataclass(frozen=True)
 class Allocation:
@@ -20,41 +22,6 @@ class Allocation:
     @property
     def host_names(self) -> tuple[str, ...]:
         return tuple(host for host, _ in self.hosts)
-
-
-def _split_top_level(text: str) -> list[str]:
-    """Split on commas that are not inside brackets: 'a[1-2,4],b' -> ['a[1-2,4]', 'b']."""
-    parts, depth, current = [], 0, []
-    for char in text:
-        if char == "," and depth == 0:
-            parts.append("".join(current))
-            current = []
-            continue
-        depth += {"[": 1, "]": -1}.get(char, 0)
-        current.append(char)
-    if current:
-        parts.append("".join(current))
-    return [p for p in parts if p]
-
-
-def expand_hostlist(nodelist: str) -> list[str]:
-    """Expand Slurm's compressed host list: 'gpu[01-03,07],login1' -> gpu01, gpu02, gpu03, gpu07, login1.
-
-    Zero padding follows the range's own width, as `scontrol show hostnames` does.
-    """
-    hosts = []
-    for item in _split_top_level(nodelist.strip()):
-        m = re.fullmatch(r"([^\[\]]*)\[([^\]]+)\](.*)", item)
-        if not m:
-            hosts.append(item)
-            continue
-        prefix, ranges, suffix = m.groups()
-        for part in ranges.split(","):
-            lo, _, hi = part.partition("-")
-            width = len(lo)
-            for number in range(int(lo), int(hi or lo) + 1):
-                hosts.extend(expand_hostlist(f"{prefix}{number:0{width}d}{suffix}"))
-    return hosts
 
 
 def expand_tasks_per_node(text: str) -> list[int]:

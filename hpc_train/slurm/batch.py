@@ -1,5 +1,5 @@
-"""A small batch job of our own (`doctor --nodes`, `bench train --submit`): its script, the
-sbatch command, the submission and a bounded wait for its end.
+"""A small batch job of our own (`doctor --nodes`, `bench train --submit`): its script, sbatch's
+arguments and a bounded wait for its end (submitted with scheduler.submit).
 
 It uses whichever Slurm the environment points at (SLURM_CONF included), and sbatch exports this
 environment to the job (its default, --export=ALL), so the job runs this Python and package.
@@ -13,8 +13,7 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from hpc_train import _proc, scheduler
-from hpc_train.errors import SubmitError
+from hpc_train import scheduler
 
 POLL_SECONDS = 2.0
 
@@ -31,18 +30,10 @@ def script_text(command: Sequence[str], setup: Sequence[str] = (), comment: str 
     return "\n".join(lines) + "\n"
 
 
-def sbatch_argv(options: Mapping[str, str | bool], script: Path) -> list[str]:
-    """`sbatch --parsable --NAME=VALUE ... SCRIPT` (True: a bare flag)."""
+def sbatch_args(options: Mapping[str, str | bool], script: Path) -> list[str]:
+    """sbatch's arguments `--NAME=VALUE ... SCRIPT` (True: a bare flag)."""
     flags = [f"--{name}" if value is True else f"--{name}={value}" for name, value in options.items()]
-    return ["sbatch", "--parsable", *flags, str(script)]
-
-
-def submit(argv: list[str], what: str) -> str:
-    """Run sbatch; the job id, or SubmitError with sbatch's own words."""
-    submitted = _proc.run(argv, timeout=60)
-    if not submitted.ok:
-        raise SubmitError(f"sbatch refused {what}: {(submitted.stderr or submitted.stdout).strip()}")
-    return submitted.stdout.strip().split(";")[0]
+    return [*flags, str(script)]
 
 
 def wait_for(job_id: str, timeout: float, poll: float = POLL_SECONDS) -> tuple[bool, str]:
@@ -51,9 +42,9 @@ def wait_for(job_id: str, timeout: float, poll: float = POLL_SECONDS) -> tuple[b
     until = time.monotonic() + timeout
     seen = ""
     while time.monotonic() < until:
-        state = scheduler.queue_state(job_id)   # None: squeue failed this time; ask again
-        if state == "" or (state and state not in scheduler.ACTIVE_STATES):
-            return True, state or seen
-        seen = state or seen
+        jobs = scheduler.queue([job_id])     # None: squeue failed this time; ask again
+        if jobs == [] or (jobs and not jobs[0].state.active):
+            return True, jobs[0].label if jobs else seen
+        seen = jobs[0].label if jobs else seen
         time.sleep(poll)
     return False, seen

@@ -66,12 +66,12 @@ def refuse_if_active(paths: RunPaths) -> None:
     if submission is None or submission[1] != "slurm":
         return
     job_id = submission[0]
-    state = scheduler.queue_state(job_id)
-    if state is None:
+    jobs = scheduler.queue([job_id])
+    if jobs is None:
         raise SubmitError(f"cannot tell whether job {job_id} of {paths.root} is still in the queue "
                           "(squeue did not answer); resume refused so that two jobs never train "
                           "one run. Fix: retry when Slurm answers")
-    if state in scheduler.ACTIVE_STATES:
-        raise SubmitError(f"job {job_id} of {paths.root} is {state}: it will continue the run "
+    if jobs and (jobs[0].state.active or jobs[0].state is scheduler.JobState.UNKNOWN):
+        raise SubmitError(f"job {job_id} of {paths.root} is {jobs[0].label}: it will continue the run "
                           f"itself. Resume refused (two jobs would write one run). Fix: wait for "
                           f"it, or `scancel {job_id}` first, then resume")

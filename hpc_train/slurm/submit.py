@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import shlex
-import shutil
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -93,7 +92,7 @@ def submit(spec: JobSpec, python: str = sys.executable, use_slurm: bool | None =
     """Submit `spec` as a new run, or again into an existing run directory (`resume`).
     code: CODE_NEW, CODE_KEEP or CODE_NONE, what the job imports (slurm/run_code.py);
     options: sbatch options of this submission only (Slurm; see with_options)."""
-    use_slurm = shutil.which("sbatch") is not None if use_slurm is None else use_slurm
+    use_slurm = scheduler.installed() if use_slurm is None else use_slurm
     if not use_slurm and spec.launch.method == "srun":
         raise SpecError("launch.method: 'srun' is not allowed without Slurm (submitit's local "
                         "executor): srun starts ranks inside a Slurm allocation only. Fix: "

@@ -12,11 +12,10 @@ from hpc_train.spec.schema import (CheckpointSpec, DataSpec, JobSpec, LaunchSpec
                                    ModelSpec, OptimSpec, ParallelSpec, PrecisionSpec, Resources,
                                    RunSpec, SlurmSpec)
 from hpc_train.spec.serialize import describe_spec, dump_spec_yaml, spec_hash, spec_to_dict
-from hpc_train.spec.values import slurm_time_seconds
 
 __all__ = [
     "load_spec", "validate_spec_file", "spec_from_dict", "build_spec", "check_spec",
-    "spec_to_dict", "spec_hash", "dump_spec_yaml", "describe_spec", "slurm_time_seconds", "Problem", "SpecInvalid",
+    "spec_to_dict", "spec_hash", "dump_spec_yaml", "describe_spec", "Problem", "SpecInvalid",
     "JobSpec", "RunSpec", "SlurmSpec", "Resources", "LaunchSpec", "DataSpec", "ModelSpec", "OptimSpec",
     "PrecisionSpec", "ParallelSpec", "CheckpointSpec", "LogSpec",
 ]

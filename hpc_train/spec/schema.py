@@ -86,7 +86,7 @@ class Resources:
     @property
     def time_minutes(self) -> int:
         """The limit as Slurm enforces it: whole minutes (Slurm rounds seconds up)."""
-        seconds = values.slurm_time_seconds(self.time)
+        seconds = values.parse_duration(self.time)
         if seconds is None:  # only reachable for a value built by hand, not loaded
             raise ValueError(f"slurm.time {self.time!r} is not a Slurm time")
         return math.ceil(seconds / 60)

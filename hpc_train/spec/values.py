@@ -11,13 +11,11 @@ from __future__ import annotations
 import ipaddress
 import re
 
+from hpc_train.scheduler.parse import DURATION_FORMATS, parse_duration
 
 # Every pattern here is applied with `fullmatch`: `re.match` with `$` also accepts a value that
 # ends in a newline ("smoke\n"), which would then break an sbatch line or a path. `\d` is ASCII
 # only (re.ASCII): Slurm reads no other digits.
-SLURM_TIME_FORMATS = "MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS"
-_TIME_WITH_DAYS = re.compile(r"(\d+)-(\d+)(?::(\d+))?(?::(\d+))?", re.ASCII)
-_TIME_PLAIN = re.compile(r"(\d+)(?::(\d+))?(?::(\d+))?", re.ASCII)
 
 RUN_NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")
 MEMORY = re.compile(r"\d+[KMGT]?", re.ASCII)
@@ -30,35 +28,10 @@ INTERFACE_NAME = re.compile(r"[A-Za-z0-9_.:@-]{1,15}")
 SLURM_NAME = re.compile(r"[A-Za-z0-9._,:|&!()\[\]*@+=-]+")
 
 
-def slurm_time_seconds(text: str) -> int | None:
-    """Seconds in a Slurm time limit, or None when `text` is not one of SLURM_TIME_FORMATS.
-
-    Slurm reads one number as minutes, two as MM:SS, three as HH:MM:SS; with a day part,
-    D-HH, D-HH:MM, D-HH:MM:SS. Minutes and seconds after the first field must be < 60.
-    """
-    days_match = _TIME_WITH_DAYS.fullmatch(text)
-    if days_match:
-        days, hours, minutes, seconds = (int(p) if p else 0 for p in days_match.groups())
-        if minutes >= 60 or seconds >= 60 or hours >= 24:
-            return None
-        return ((days * 24 + hours) * 60 + minutes) * 60 + seconds
-    plain = _TIME_PLAIN.fullmatch(text)
-    if not plain:
-        return None
-    parts = [int(p) for p in plain.groups() if p is not None]
-    if any(p >= 60 for p in parts[1:]):
-        return None
-    if len(parts) == 1:
-        return parts[0] * 60
-    if len(parts) == 2:
-        return parts[0] * 60 + parts[1]
-    return (parts[0] * 60 + parts[1]) * 60 + parts[2]
-
-
 def check_slurm_time(text: str):
-    seconds = slurm_time_seconds(text)
+    seconds = parse_duration(text)
     if seconds is None:
-        return (f"not a Slurm time limit (formats: {SLURM_TIME_FORMATS})",
+        return (f"not a Slurm time limit (formats: {DURATION_FORMATS})",
                 'write the limit as a quoted string, e.g. slurm.time: "01:30:00" for 90 minutes')
     if seconds == 0:
         return ("a zero time limit means 'no limit' to Slurm, and the job needs a deadline "

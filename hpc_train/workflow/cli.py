@@ -24,6 +24,7 @@ def _validate(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from hpc_train import scheduler
     from hpc_train.workflow.run import check, dry_run_text, run
 
     if args.dry_run:
@@ -32,14 +33,11 @@ def _run(args: argparse.Namespace) -> int:
         print(dry_run_text(plan))
         print("# dry run: nothing was submitted and no directory was created", file=sys.stderr)
         return 0
-    if not args.local:
-        import shutil
-
-        if shutil.which("sbatch") is None:
-            print("note: sbatch is not on PATH: running the stages here, one after another "
-                  "(the local executor)", file=sys.stderr)
-    else:
+    if args.local:
         print("note: --local: running the stages here, one after another", file=sys.stderr)
+    elif not scheduler.installed():
+        print("note: sbatch is not on PATH: running the stages here, one after another "
+              "(the local executor)", file=sys.stderr)
     started = run(args.file, args.overrides, args.root, use_slurm=False if args.local else None)
     _warn(started.plan)
     print(f"workflow dir: {started.paths.root}")

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from hpc_train import scheduler
 from hpc_train.errors import SubmitError
 from hpc_train.workflow import events, graph, local, queue, resolved, verify
 from hpc_train.workflow.load import train_overrides, workflow_from_dict
@@ -47,7 +48,7 @@ def waiting_job(history: list[dict], name: str) -> str:
 
 
 def _active(history: list[dict], name: str, rows: dict) -> bool:
-    return any(queue.is_active(row.state) for job in current_jobs(history, name)
+    return any(row.state.active for job in current_jobs(history, name)
                for row in queue.rows_of(rows, job))
 
 
@@ -119,8 +120,8 @@ def cancel(directory: str | Path) -> list[str]:
                           "to cancel (stop the `workflow run` process itself)")
     rows = _rows(history, False)
     live = [job for name in record["order"] for job in current_jobs(history, name)
-            if any(queue.is_active(r.state) for r in queue.rows_of(rows, job))]
-    error = queue.cancel(live)
+            if any(r.state.active for r in queue.rows_of(rows, job))]
+    error = scheduler.cancel(live)
     events.record(paths, events.cancelled(live, error))
     if error:
         raise SubmitError(f"scancel {' '.join(live)} failed: {error}")

@@ -8,11 +8,11 @@ each train stage's job spec with its overrides (planned with placeholder directo
 from __future__ import annotations
 
 import dataclasses
-import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from hpc_train import scheduler
 from hpc_train.slurm.array import planned_array_script
 from hpc_train.slurm.submit import planned_script
 from hpc_train.workflow import events, local, resolved
@@ -80,7 +80,7 @@ def dry_run_text(plan: Plan) -> str:
 def run(file: str, overrides: list[str], root: str | None = None, use_slurm: bool | None = None,
         python: str = sys.executable) -> Started:
     planned = check(file, overrides, root, python)          # every problem before anything exists
-    use_slurm = shutil.which("sbatch") is not None if use_slurm is None else use_slurm
+    use_slurm = scheduler.installed() if use_slurm is None else use_slurm
     executor = "slurm" if use_slurm else "local"
     workflow = planned.workflow
     paths = WorkflowPaths.new(workflow.root, workflow.name)

@@ -15,11 +15,12 @@ from pathlib import Path
 
 from hpc_train import events as run_events
 from hpc_train.rundir import RunPaths, read_jsonl
+from hpc_train.scheduler import FAILED_STATES, Job
 from hpc_train.workflow import events, queue, resolved, verify
 from hpc_train.workflow.paths import WorkflowPaths
 from hpc_train.workflow.sweep import metric_value, ranking
 
-BAD = (*queue.FAILED_STATES, "CANCELLED")
+BAD = (*FAILED_STATES, "CANCELLED")
 _ERROR_WORDS = ("error", "Error", "ERROR", "Traceback", "Killed", "CANCELLED")
 
 
@@ -66,9 +67,9 @@ class WorkflowStatus:
         return asdict(self)
 
 
-def _reason(rows: list[queue.JobRow], state: str) -> str:
+def _reason(rows: list[Job], state: str) -> str:
     if state == "PENDING":
-        reasons = sorted({r.reason for r in rows if r.reason and queue.is_active(r.state)})
+        reasons = sorted({r.reason for r in rows if r.reason and r.state.active})
         return "waiting: " + ", ".join(reasons) if reasons else "waiting"
     return ""
 
@@ -85,7 +86,7 @@ def explain_cancels(stages: list[StageStatus], record: dict) -> None:
                         "dependency can never be satisfied (DependencyNeverSatisfied)")
 
 
-def _elapsed(rows: list[queue.JobRow]) -> float | None:
+def _elapsed(rows: list[Job]) -> float | None:
     found = [r.elapsed for r in rows if r.elapsed is not None]
     return max(found) if found else None
 
@@ -114,7 +115,7 @@ def run_failure(run_dir: str) -> str | None:
     return None
 
 
-def _run_state(run_dir: str, job_id: str | None, rows: dict | None) -> tuple[str, list[queue.JobRow]]:
+def _run_state(run_dir: str, job_id: str | None, rows: dict | None) -> tuple[str, list[Job]]:
     found = queue.rows_of(rows, job_id) if rows is not None and job_id else []
     if found:
         return queue.combine([r.state for r in found]), found
@@ -204,8 +205,8 @@ def _script_stage(paths, name, record, history, rows, local: bool) -> StageStatu
             metric_name = "accuracy"
             value = json.loads(latest[-1].read_text()).get("accuracy")
     failure = None
-    if state in queue.FAILED_STATES:
-        codes = [f"{r.job_id} exit {r.exit_code}" for r in found if r.state in queue.FAILED_STATES]
+    if state in FAILED_STATES:
+        codes = [f"{r.job_id} exit {r.exit_code}" for r in found if r.state in FAILED_STATES]
         failure = last_error(paths, name) or ((last or {}).get("detail") if local else "; ".join(codes))
     return StageStatus(name, record["kind"], state, list(jobs.values()), elapsed, metric_name,
                        value, reason, failure, run_dirs)
@@ -228,7 +229,7 @@ def collect(directory: str | Path, slurm: bool = True) -> WorkflowStatus:
         else:
             stages.append(_script_stage(paths, name, stage, history, rows, local))
     explain_cancels(stages, record)
-    failed = next((s.name for s in stages if s.state in queue.FAILED_STATES), None)
+    failed = next((s.name for s in stages if s.state in FAILED_STATES), None)
     failure = events.submission_failure(history)
     return WorkflowStatus(record["name"], str(paths.root), "local" if local else "slurm", stages,
                           failed, failure and f"stage {failure['stage']}: {failure['error']}")

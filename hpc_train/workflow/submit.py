@@ -13,14 +13,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from hpc_train import _proc
+from hpc_train import scheduler
 from hpc_train.errors import HpcTrainError, SpecError, SubmitError
 from hpc_train.rundir import RunPaths
 from hpc_train.slurm.array import member_job, submit_array
 from hpc_train.slurm.resume import prepare_resume, resume_run
 from hpc_train.slurm.submit import submit
 from hpc_train.spec import dump_spec_yaml
-from hpc_train.workflow import events, queue
+from hpc_train.workflow import events
 from hpc_train.workflow.paths import WorkflowPaths, link
 from hpc_train.workflow.plan import Plan, StagePlan
 from hpc_train.workflow.script import dependency, dependency_options, render
@@ -54,13 +54,6 @@ def stage_dependency(plan: Plan, name: str, waiting_on: dict[str, str]) -> str |
                       [waiting_on[s] for s in stage.after_any if s in waiting_on])
 
 
-def sbatch(script: str) -> str:
-    out = _proc.run(["sbatch", "--parsable", script], timeout=60)
-    if not out.ok:
-        raise SubmitError(f"sbatch {script}: {(out.stderr or out.stdout).strip() or out.returncode}")
-    return out.stdout.strip().split(";")[0]
-
-
 def _script_jobs(plan: Plan, stage: StagePlan, first_dependency: str | None) -> Submitted:
     paths = plan.paths
     paths.stage_dir(stage.name).mkdir(parents=True, exist_ok=True)
@@ -71,7 +64,7 @@ def _script_jobs(plan: Plan, stage: StagePlan, first_dependency: str | None) -> 
     for job in stage.jobs:
         script = paths.script(stage.name, None if job.part == "main" else job.part)
         script.write_text(render(job, value))
-        jobs[job.part] = sbatch(str(script))
+        jobs[job.part] = scheduler.submit([str(script)], str(script))
         value = f"afterok:{jobs[job.part]}"      # the manifest job waits for the converters
     return Submitted(jobs)
 
@@ -137,7 +130,7 @@ def submit_stages(plan: Plan, names: list[str], waiting_on: dict[str, str],
 def _failed(paths: WorkflowPaths, name: str, exc: HpcTrainError,
             done: dict[str, Submitted]) -> HpcTrainError:
     submitted = [job for s in done.values() for job in s.jobs.values()]
-    error = queue.cancel(submitted)
+    error = scheduler.cancel(submitted)
     events.record(paths, events.submission_failed(name, str(exc), submitted, error))
     if submitted and error is None:
         what = f"the jobs submitted before it were cancelled ({', '.join(submitted)})"

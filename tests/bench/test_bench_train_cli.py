@@ -46,5 +46,5 @@ def test_the_batch_script_quotes_every_word_after_the_setup_lines(tmp_path):
     assert lines[:4] == ["#!/bin/bash", "# comment", "set -euo pipefail", "module load cuda/12.1"]
     assert shlex.split(lines[-1])[1:] == ["/opt/py env/python", "-m", "hpc_train", "bench", "train",
                                           "--in-run", str(odd)]
-    argv = batch.sbatch_argv({"job-name": "b", "exclusive": True, "time": "30"}, tmp_path / "s")
-    assert argv == ["sbatch", "--parsable", "--job-name=b", "--exclusive", "--time=30", str(tmp_path / "s")]
+    args = batch.sbatch_args({"job-name": "b", "exclusive": True, "time": "30"}, tmp_path / "s")
+    assert args == ["--job-name=b", "--exclusive", "--time=30", str(tmp_path / "s")]

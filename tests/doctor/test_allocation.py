@@ -24,7 +24,7 @@ from hpc_train.launch.allocation import Allocation
 from hpc_train.launch.argv import launch_argv, launcher_env
 from hpc_train.launch.local import LocalMpirun, free_port
 from hpc_train.launch.mpi import MpiFlavour, MpiInfo
-from hpc_train.spec.values import slurm_time_seconds
+from hpc_train.scheduler.parse import parse_duration
 from tests.conftest import REPO
 
 HOSTS = ["node1", "node2", "node3"]
@@ -195,8 +195,6 @@ def test_read_reports_skips_missing_and_half_written_files(tmp_path):
 
 
 def test_job_memory_stays_within_the_smallest_node():
-    assert doctor_nodes.smallest_node_memory("10244\n3000+\n") == 3000
-    assert doctor_nodes.smallest_node_memory("") is None
     assert doctor_nodes.job_memory_mb(None) == doctor_nodes.DEFAULT_MEM_MB
     assert doctor_nodes.job_memory_mb(10244) == doctor_nodes.DEFAULT_MEM_MB
     assert doctor_nodes.job_memory_mb(1000) <= 1000
@@ -204,7 +202,7 @@ def test_job_memory_stays_within_the_smallest_node():
 
 def test_inner_timeout_leaves_time_to_report():
     for limit in ("1", "5", "1:00:00"):
-        assert 0 < doctor_nodes.inner_timeout(limit) < slurm_time_seconds(limit)
+        assert 0 < doctor_nodes.inner_timeout(limit) < parse_duration(limit)
     with pytest.raises(HpcTrainError, match="--time"):
         doctor_nodes.inner_timeout("soon")
 
@@ -217,10 +215,10 @@ def test_batch_script_quotes_every_word(tmp_path):
     words = shlex.split(exec_line)[1:]
     assert words[0] == "/opt/py env/bin/python" and words[words.index("--out") + 1] == str(out)
     assert words[words.index("--launcher") + 1] == "srun" and "--allocation" in words and "--json" in words
-    argv = doctor_nodes.sbatch_argv(2, "5", 2048, out, out / "doctor.sbatch", "debug")
-    assert argv[0] == "sbatch" and "--nodes=2" in argv and "--ntasks-per-node=1" in argv
-    assert "--partition=debug" in argv and argv[-1] == str(out / "doctor.sbatch")
-    assert "--partition=debug" not in doctor_nodes.sbatch_argv(2, "5", 2048, out, out / "s", None)
+    args = doctor_nodes.sbatch_args(2, "5", 2048, out, out / "doctor.sbatch", "debug")
+    assert "--nodes=2" in args and "--ntasks-per-node=1" in args
+    assert "--partition=debug" in args and args[-1] == str(out / "doctor.sbatch")
+    assert "--partition=debug" not in doctor_nodes.sbatch_args(2, "5", 2048, out, out / "s", None)
 
 
 def test_parse_job_output_finds_the_report_after_other_output():

@@ -25,7 +25,7 @@ import yaml
 from hpc_train.rundir import RunPaths, read_jsonl
 from hpc_train.workflow import events as wf_events
 from hpc_train.workflow.paths import WorkflowPaths
-from hpc_train.workflow.queue import is_active
+from hpc_train.scheduler import ACTIVE_STATES
 from hpc_train.workflow.status import collect
 from tests.runs import cli, describe_failure, events, heartbeat_step, wait_for
 
@@ -52,7 +52,7 @@ def settle(paths: WorkflowPaths, timeout: float) -> dict:
         status = collect(paths.root).to_json()
         states = [s["state"] for s in status["stages"]] + \
                  [m["state"] for s in status["stages"] for m in s["members"]]
-        if not any(is_active(state) or state == "UNKNOWN" for state in states):
+        if not any(state in ACTIVE_STATES or state == "UNKNOWN" for state in states):
             return status
         assert time.monotonic() < deadline, f"still {states} after {timeout} s"
         time.sleep(2)

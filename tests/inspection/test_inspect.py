@@ -16,7 +16,6 @@ from hpc_train.inspection import logs
 from hpc_train.inspection.health import assess, stalled_now
 from hpc_train.inspection.logparse import run_index, stack_dump, stamp_time, timed_lines, tracebacks
 from hpc_train.inspection.summary import RunFiles, step_rate, summarize, throughput, total_steps
-from hpc_train.inspection.slurm_state import parse_sacct, parse_squeue
 from hpc_train.job import watchdog
 from hpc_train.rundir import RunPaths, read_jsonl
 from hpc_train.runtime import heartbeat
@@ -189,13 +188,13 @@ def test_summarize_uses_the_runs_own_stall_bound_and_world(tmp_path):
     assert summarize(RunFiles(paths, history, [], beats, None), NOW).health.ok     # silent after 15 s there
     # Requeued, and Slurm shows the job RUNNING before the driver's next `started`: no ranks run
     # yet, so the last run's beats do not make a stall.
-    from hpc_train.inspection.slurm_state import SlurmInfo
+    from hpc_train.scheduler import Job, JobState
 
     history[1] = events.stamped(events.started(["vm"], 2, None, [], 20.0), environ={}, now=LAUNCHED)
     history.append(events.stamped(events.requeued("SIGUSR2", events.CAUSE_STOP, "driver", "", 75, 9.0),
                                   environ={}, now=NOW - 5))
     between = summarize(RunFiles(paths, history, [], beats, None), NOW,
-                        SlurmInfo("RUNNING", "None", "squeue"))
+                        Job("7", JobState.RUNNING, source="squeue"))
     assert between.state == "RUNNING" and between.health.ok and between.health.stalled_ranks == []
 
 
@@ -222,7 +221,7 @@ def test_rate_eta_throughput_and_total_steps():
     assert total_steps(history[:1], {"optim": {"epochs": 3}}) == 92
 
 
-def test_state_from_events_and_slurm_parsers():
+def test_state_from_events():
     def at(*made):
         return [events.stamped(e, environ={}, now=float(i)) for i, e in enumerate(made)]
 
@@ -233,11 +232,6 @@ def test_state_from_events_and_slurm_parsers():
     assert events.state(at(started, events.requeued("SIGUSR2", events.CAUSE_STOP, "driver", "", 75, 1.0))) == "PENDING"
     assert events.state(at(events.finished("completed", "done", 0, 1.0))) == "COMPLETED"
     assert events.state(at(events.finished("timeout", "limit", 1, 1.0))) == "TIMEOUT"
-    assert parse_squeue("RUNNING|None\n").state == "RUNNING"
-    assert parse_squeue("") is None
-    info = parse_sacct("63|CANCELLED by 0|0:15\n")
-    assert (info.state, info.reason, info.source) == ("CANCELLED", "0:15", "sacct")
-    assert parse_sacct("sacct: error: Problem talking to the database\n") is None
 
 
 def test_new_fault_kinds_parse():

@@ -18,7 +18,7 @@ from hpc_train.inspection.diagnose import Failure, diagnose, silent_failure
 from hpc_train.inspection.launcher import RankExit, exit_hint, rank_exits
 from hpc_train.inspection.logparse import Line, Traceback, stamp_time
 from hpc_train.inspection.text import diagnosis_text
-from hpc_train.inspection.slurm_state import SlurmInfo
+from hpc_train.scheduler import Job, JobState
 from hpc_train.rundir import RunPaths, append_jsonl
 from hpc_train.runtime.heartbeat import STACK_DUMP_HEADER
 from hpc_train.runtime.stop import STOP_EXIT
@@ -296,7 +296,7 @@ def test_a_stalled_run_ended_by_the_time_limit_is_a_stall_first(tmp_path):
                                                    "ending the job", 143, 75.0))
     (paths.submitit / "1_0_log.err").write_text("slurmstepd: error: *** JOB 7 ON vm CANCELLED AT "
                                                 "2026-11-29T21:00:00 DUE TO TIME LIMIT ***\n")
-    result = diagnose(paths, slurm=SlurmInfo("TIMEOUT", "0:15", "sacct"))
+    result = diagnose(paths, slurm=Job("7", JobState.TIMEOUT, exit_code="0:15", source="sacct"))
     ids = [s["id"] for s in result.signatures]
     assert ids[0] == "rank_stalled" and "slurm_time_limit" not in ids
     assert "Slurm's time limit ended the job: a consequence of the stall" in result.signatures[0]["line"]

@@ -13,10 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from hpc_train.inspection import efficiency, sacct
+from hpc_train.inspection import efficiency
 from hpc_train.inspection.report import build_report
 from hpc_train.inspection.report_text import print_report
 from hpc_train.rundir import RunPaths, read_jsonl
+from hpc_train.scheduler import accounting
 from tests.conftest import REPO
 from tests.runs import cli, path_without
 
@@ -42,7 +43,7 @@ def at(text: str) -> float:
 
 
 def test_recorded_sacct_gives_one_segment_per_start_with_its_steps():
-    first, second = sacct.parse(SACCT)
+    first, second = accounting.parse_segments(SACCT)
     assert (first.state, first.start, first.end, first.elapsed) == (
         "REQUEUED", at("2026-11-30T11:10:39"), at("2026-11-30T11:11:00"), 21)
     assert (second.state, second.elapsed, second.cpus, second.gpus, second.nodes) == ("COMPLETED", 85, 2, 0, 1)
@@ -63,7 +64,7 @@ def test_sacct_rows_of_other_shapes():
         "13|COMPLETED|2026-01-01T06:00:00|2026-01-01T07:00:00|3600|2|cpu=2,node=2|3Gn||00:01:00|2|n[1-2]",
         "11.0|COMPLETED|2026-01-01T02:00:00|2026-01-01T03:00:00|3600|4|cpu=4||1.5G|00:01:00|1|h",
     ])
-    running, done, total, per_node = sacct.parse(text)   # job 9 never started: no segment
+    running, done, total, per_node = accounting.parse_segments(text)   # job 9 never started: no segment
     assert running.end is None and running.gpus == 4 and running.node_list == "g[1-2]"
     assert running.req_mem == 500 * 1024 ** 2 * 8 // 2   # 500 MiB per CPU, 8 CPUs on 2 nodes (old form)
     assert running.total_cpu == 86400 + 2 * 3600 + 3 * 60 + 4.5
@@ -71,11 +72,11 @@ def test_sacct_rows_of_other_shapes():
     assert done.gpus == 3 and done.req_mem == 4000 * 1024 ** 2 and done.max_rss == int(1.5 * 1024 ** 3)
     assert total.req_mem == 2 * 1024 ** 3                # 22.05 prints the job's total: 2 nodes of 2G
     assert per_node.req_mem == 3 * 1024 ** 3             # older releases: per node
-    assert sacct.parse("") == [] and sacct.parse_memory("") is None
+    assert accounting.parse_segments("") == [] and accounting.parse_memory("") is None
 
 
 def test_usage_from_recorded_sacct():
-    usage = efficiency.usage_from_sacct(sacct.parse(SACCT))
+    usage = efficiency.usage_from_sacct(accounting.parse_segments(SACCT))
     assert usage.core_hours == pytest.approx(2 * (21 + 85) / 3600)
     assert usage.gpu_hours == 0 and usage.source == "sacct"
     assert usage.cpu_efficiency == pytest.approx((0.281 + 53.096) / (2 * 106))
@@ -83,7 +84,7 @@ def test_usage_from_recorded_sacct():
 
 
 def test_restart_of_the_recorded_run_lost_its_seven_steps():
-    windows = efficiency.windows_from_sacct(sacct.parse(SACCT))
+    windows = efficiency.windows_from_sacct(accounting.parse_segments(SACCT))
     [restart] = efficiency.restarts(windows, EVENTS, METRICS)
     second_training = [e for e in EVENTS if e["event"] == "training_started"][1]["time"]
     assert restart.wait == at("2026-11-30T11:11:25") - at("2026-11-30T11:11:00") == 25

@@ -8,7 +8,7 @@ from hpc_train import events
 from hpc_train.job.requeue import decide, ending_status, requeue_path
 from hpc_train.run_state import RunState
 from hpc_train.runtime.stop import STOP_EXIT, StopFlag, agreed_reason, one_hot
-from hpc_train.scheduler import JobRecord, parse_show_job, parse_slurm_time
+from hpc_train.scheduler import Job, JobState
 
 
 def test_deadline_with_a_fake_clock():
@@ -88,11 +88,11 @@ def test_a_retry_that_cannot_happen_is_not_called_used_up():
 
 @pytest.mark.parametrize("job, restart, path", [
     (None, 0, "driver"),                                   # scontrol did not answer: try
-    (JobRecord("RUNNING", 0, "None"), 0, "driver"),
-    (JobRecord("COMPLETING", 1, "None"), 0, "slurm"),      # requeued by Slurm already
-    (JobRecord("PENDING", 2, "BeginTime"), 1, "slurm"),
-    (JobRecord("COMPLETING", 0, "None"), 0, "ending"),     # scancel or the time limit
-    (JobRecord("CANCELLED", 3, "None"), 3, "ending"),
+    (Job("5", JobState.RUNNING, restarts=0), 0, "driver"),
+    (Job("5", JobState.COMPLETING, restarts=1), 0, "slurm"),      # requeued by Slurm already
+    (Job("5", JobState.PENDING, reason="BeginTime", restarts=2), 1, "slurm"),
+    (Job("5", JobState.COMPLETING, restarts=0), 0, "ending"),     # scancel or the time limit
+    (Job("5", JobState.CANCELLED, restarts=3), 3, "ending"),
 ])
 def test_requeue_path_follows_slurms_own_view(job, restart, path):
     assert requeue_path(job, restart) == path
@@ -102,21 +102,6 @@ def test_a_job_ended_by_slurm_is_a_timeout_only_past_its_end():
     assert ending_status(1000.0, 999.5) == "timeout"
     assert ending_status(1000.0, 2000.0) == "cancelled"
     assert ending_status(1000.0, None) == "cancelled"
-
-
-def test_parse_show_job():
-    text = ("JobId=42 JobName=smoke UserId=root(0) GroupId=root(0) Priority=1 JobState=COMPLETING "
-            "Reason=None Dependency=(null) Requeue=1 Restarts=2 BatchFlag=1 ExitCode=0:0\n")
-    assert parse_show_job(text) == JobRecord("COMPLETING", 2, "None")
-    assert parse_show_job("slurm_load_jobs error: Invalid job id specified") is None
-
-
-def test_parse_slurm_time():
-    assert parse_slurm_time("N/A") is None
-    import datetime
-
-    expected = datetime.datetime(2026, 11, 29, 17, 5).timestamp()     # squeue prints local time
-    assert parse_slurm_time("2026-11-29T17:05:00\n") == expected
 
 
 def _fake_scontrol(tmp_path, monkeypatch, restarts: int, refusal: str) -> None:

@@ -3,9 +3,9 @@
 
 import pytest
 
-from hpc_train.launch.allocation import (Allocation, allocation_from_slurm, expand_hostlist,
-                                         expand_tasks_per_node)
+from hpc_train.launch.allocation import Allocation, allocation_from_slurm, expand_tasks_per_node
 from hpc_train.launch.argv import LaunchPlan, launch_argv, launcher_env, mpirun_argv, srun_argv
+from hpc_train.scheduler.parse import expand_hostlist
 from tests.runs import check_golden
 
 @pytest.mark.parametrize("nodelist, hosts", [

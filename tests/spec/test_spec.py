@@ -13,8 +13,9 @@ import pytest
 import yaml
 
 from hpc_train.errors import SpecError
+from hpc_train.scheduler.parse import parse_duration
 from hpc_train.spec import (JobSpec, RunSpec, SpecInvalid, build_spec, check_spec, dump_spec_yaml,
-                            load_spec, slurm_time_seconds, spec_from_dict, spec_hash, spec_to_dict,
+                            load_spec, spec_from_dict, spec_hash, spec_to_dict,
                             validate_spec_file)
 from tests.conftest import REPO
 from tests.runs import BAD_SPECS
@@ -175,7 +176,7 @@ def test_derived_properties():
     ("1-24", None), ("1:2:3:4", None),
 ])
 def test_slurm_time_formats(text, seconds):
-    assert slurm_time_seconds(text) == seconds
+    assert parse_duration(text) == seconds
 
 
 # --- cross-field rules ------------------------------------------------------------------------

@@ -1,8 +1,9 @@
-"""Sweep members and the best one; Slurm's answers about a workflow's jobs (pure parsers)."""
+"""Sweep members and the best one; Slurm's answers about a workflow's jobs, merged."""
 
 from __future__ import annotations
 
-from hpc_train.inspection.sacct import parse_duration
+from hpc_train import scheduler
+from hpc_train.scheduler.parse import parse_sacct, parse_squeue
 from hpc_train.workflow import queue, sweep
 from hpc_train.workflow.schema import SweepSpec
 
@@ -42,39 +43,52 @@ def test_metric_and_best_member():
     assert sweep.best({0: None}, "max") is None
 
 
-SQUEUE = """128_2|PENDING|JobArrayTaskLimit|0:00
-129|PENDING|Dependency|0:00
-128_0|RUNNING|None|1:02
+SQUEUE = """128_2|PENDING|JobArrayTaskLimit|0:00|N/A|1|
+129|PENDING|Dependency|0:00|N/A|1|
+128_0|RUNNING|None|1:02|2026-12-01T16:15:47|1|vm
 """
-SACCT = """127|COMPLETED|None|00:00:05|0:0
-128_[2-3%2]|PENDING|JobArrayTaskLimit|00:00:00|0:0
-128_0|RUNNING|None|00:01:01|0:0
-128_1|FAILED|None|00:00:20|1:0
-130|CANCELLED|Dependency|00:00:00|0:0
+SACCT = """127|COMPLETED|None|5|0:0|1|vm
+128_[2-3%2]|PENDING|JobArrayTaskLimit|0|0:0|1|None assigned
+128_0|RUNNING|None|61|0:0|1|vm
+128_1|FAILED|None|20|1:0|1|vm
+130|CANCELLED by 0|Dependency|0|0:0|1|None assigned
 """
 
 
-def test_squeue_and_sacct_rows_array_tasks_included():
-    rows = queue.parse_sacct(SACCT)
-    rows.update(queue.parse_squeue(SQUEUE))
-    assert rows["128_0"] == queue.JobRow("128_0", "RUNNING", "", 62.0)     # squeue wins
+def answering(monkeypatch, sacct: str | None, squeue: str | None) -> None:
+    """The client's two queries answer with these rows (None: that command failed)."""
+    monkeypatch.setattr(scheduler, "accounted", lambda ids, timeout: sacct and parse_sacct(sacct))
+    monkeypatch.setattr(scheduler, "queue", lambda ids, timeout: squeue and parse_squeue(squeue))
+
+
+def test_squeue_and_sacct_rows_array_tasks_included(monkeypatch):
+    answering(monkeypatch, SACCT, SQUEUE)
+    rows = queue.query(["127", "128", "129", "130"])
+    assert (rows["128_0"].state, rows["128_0"].elapsed, rows["128_0"].source) == ("RUNNING", 62.0, "squeue")
     assert rows["128_1"].state == "FAILED" and rows["128_1"].exit_code == "1:0"
     assert "128_[2-3%2]" not in rows and rows["128_2"].reason == "JobArrayTaskLimit"
     assert [r.job_id for r in queue.rows_of(rows, "128")] == ["128_0", "128_1", "128_2", "128_3"]
     assert rows["128_3"].state == "PENDING"          # not started: sacct's one row stands for it
     assert queue.rows_of(rows, "128_1") == [rows["128_1"]]
     assert queue.rows_of(rows, "127") == [rows["127"]] and queue.rows_of(rows, "999") == []
-    assert parse_duration("1-02:03:04") == 93784 and parse_duration("5:03") == 303
-    assert parse_duration("INVALID") is None
+    assert rows["130"].state == "CANCELLED" and rows["129"].reason == "Dependency"
 
 
-def test_an_array_cancelled_before_any_task_started_is_cancelled_task_by_task():
+def test_either_command_may_be_missing(monkeypatch):
+    answering(monkeypatch, None, SQUEUE)
+    assert set(queue.query(["128", "129"])) == {"128_2", "129", "128_0"}
+    answering(monkeypatch, None, None)
+    assert queue.query(["128"]) is None
+    assert queue.query([]) == {}
+
+
+def test_an_array_cancelled_before_any_task_started_is_cancelled_task_by_task(monkeypatch):
     # What sacct shows once `workflow cancel` ended a pending array; squeue no longer lists it.
-    rows = queue.parse_sacct("42_[0-1]|CANCELLED by 0|None|00:00:00|0:0\n43|CANCELLED by 0|None|00:00:00|0:0\n")
+    answering(monkeypatch, "42_[0-1]|CANCELLED by 0|None|0|0:0|0|None assigned\n"
+                           "43|CANCELLED by 0|None|0|0:0|0|None assigned\n", "")
+    rows = queue.query(["42", "43"])
     assert [(r.job_id, r.state) for r in queue.rows_of(rows, "42")] == [("42_0", "CANCELLED"),
                                                                        ("42_1", "CANCELLED")]
-    assert queue.array_tasks("7_[0-2,5%2]") == ["7_0", "7_1", "7_2", "7_5"]
-    assert queue.array_tasks("7_3") == ["7_3"] and queue.array_tasks("8") == ["8"]
 
 
 def test_one_state_for_a_stage():

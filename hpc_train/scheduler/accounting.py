@@ -1,23 +1,18 @@
-"""What Slurm's accounting knows of a run's jobs: one `Segment` per start of a job (sacct -D lists
-every requeued run of a job as its own record), with its steps.
-
-The query is `sacct -D -P -n -o FIELDS -j IDS`; `parse` is pure and takes its text. The
-parsable format is used, not `--json`, whose layout changes between Slurm releases.
-"""
+"""What Slurm's accounting knows of a run's jobs (pure): one `Segment` per start of a job (sacct -D
+lists every requeued run as its own record), with its steps, from the client's `sacct -D -P -n -o
+FIELDS` (the parsable format: `--json`'s layout changes between Slurm releases)."""
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass, replace
-from datetime import datetime
 
-from hpc_train import _proc
+from hpc_train.scheduler.parse import JobState, parse_count, job_state, parse_duration, parse_time
 
 FIELDS = ("JobID", "State", "Start", "End", "ElapsedRaw", "AllocCPUS", "AllocTRES", "ReqMem",
           "MaxRSS", "TotalCPU", "NNodes", "NodeList")
 _UNITS = {"": 1, "K": 1024, "M": 1024 ** 2, "G": 1024 ** 3, "T": 1024 ** 4, "P": 1024 ** 5}
 _MEMORY = re.compile(r"([\d.]+)([KMGTP]?)([nc]?)")
-_DURATION = re.compile(r"(?:(\d+)-)?(?:(\d+):)?(\d+):(\d+(?:\.\d+)?)")
 _GPUS = re.compile(r"gres/gpu(?::[^=,]+)?=(\d+)")
 
 
@@ -31,7 +26,7 @@ class Step:
 @dataclass(frozen=True)
 class Segment:
     job_id: str
-    state: str                  # REQUEUED, COMPLETED, FAILED, RUNNING, ... (first word)
+    state: JobState             # REQUEUED, COMPLETED, FAILED, RUNNING, ...
     start: float                # UNIX time
     end: float | None           # None while it runs
     elapsed: float              # seconds
@@ -49,14 +44,6 @@ class Segment:
         return max(found) if found else None
 
 
-def parse_time(text: str) -> float | None:
-    """sacct's local time (2026-11-30T11:10:39) as UNIX time; None for None/Unknown."""
-    try:
-        return datetime.fromisoformat(text.strip()).timestamp()
-    except ValueError:
-        return None
-
-
 def parse_memory(text: str, bare: str = "") -> int | None:
     """Bytes from a sacct size (MaxRSS: 3301704K); a number without a unit is in `bare` units."""
     match = _MEMORY.fullmatch(text.strip())
@@ -69,26 +56,11 @@ def parse_memory(text: str, bare: str = "") -> int | None:
 def parse_req_mem(text: str, cpus: int, nodes: int) -> int | None:
     """ReqMem as bytes per node. Slurm 21.08+ prints the job's total (2 nodes of --mem=2G: 4G);
     older releases per node (2Gn) or per CPU (500Mc). A bare number is MB, as --mem reads it."""
-    match = _MEMORY.fullmatch(text.strip())
-    if not match:
+    per = text.strip()[-1:] if text.strip()[-1:] in ("n", "c") else ""
+    value = parse_memory(text.strip().rstrip("nc"), bare="M")
+    if value is None:
         return None
-    number, unit, per = match.groups()
-    value = float(number) * _UNITS[unit or "M"]
-    if per == "c":
-        value *= cpus / max(nodes, 1)
-    elif per == "":
-        value /= max(nodes, 1)
-    return int(value)
-
-
-def parse_duration(text: str) -> float | None:
-    """A Slurm duration ([D-][HH:]MM:SS[.mmm]: sacct's TotalCPU and Elapsed, squeue's %M) in
-    seconds; None when it is not one."""
-    match = _DURATION.fullmatch(text.strip())
-    if not match:
-        return None
-    days, hours, minutes, seconds = match.groups()
-    return int(days or 0) * 86400 + int(hours or 0) * 3600 + int(minutes) * 60 + float(seconds)
+    return int(value * {"c": cpus / max(nodes, 1), "n": 1}.get(per, 1 / max(nodes, 1)))
 
 
 def gpus_of(tres: str) -> int:
@@ -99,11 +71,7 @@ def gpus_of(tres: str) -> int:
     return sum(int(n) for n in _GPUS.findall(tres))
 
 
-def _int(text: str) -> int:
-    return int(text) if text.strip().isdigit() else 0
-
-
-def parse(text: str) -> list[Segment]:
+def parse_segments(text: str) -> list[Segment]:
     """sacct -D -P -n -o FIELDS rows -> the segments that started, in start order. A step row
     belongs to the latest allocation row of its job above it (sacct lists a segment's steps
     right after it)."""
@@ -125,28 +93,13 @@ def parse(text: str) -> list[Segment]:
         if start is None:                # never started (cancelled while pending): no segment
             latest.pop(job_id, None)
             continue
-        cpus, nodes = _int(row["AllocCPUS"]), _int(row["NNodes"])
+        cpus, nodes = parse_count(row["AllocCPUS"]) or 0, parse_count(row["NNodes"]) or 0
         segments.append(Segment(
-            job_id=job_id, state=(row["State"].split() or ["UNKNOWN"])[0], start=start,
-            end=parse_time(row["End"]), elapsed=float(_int(row["ElapsedRaw"])), cpus=cpus,
+            job_id=job_id, state=job_state(row["State"]), start=start,
+            end=parse_time(row["End"]), elapsed=float(parse_count(row["ElapsedRaw"]) or 0), cpus=cpus,
             gpus=gpus_of(row["AllocTRES"]), nodes=nodes, node_list=row["NodeList"],
             req_mem=parse_req_mem(row["ReqMem"], cpus, nodes), total_cpu=parse_duration(row["TotalCPU"])))
         steps.append([])
         latest[job_id] = len(segments) - 1
     done = [replace(s, steps=tuple(found)) for s, found in zip(segments, steps)]
     return sorted(done, key=lambda s: s.start)
-
-
-def query(job_ids: list[str], timeout: float = 20.0) -> tuple[list[Segment], str | None]:
-    """(segments, None), or ([], why there are none) when sacct fails or knows nothing."""
-    if not job_ids:
-        return [], "no Slurm job id in the run's events"
-    out = _proc.run(["sacct", "-D", "-P", "-n", "-o", ",".join(FIELDS), "-j", ",".join(job_ids)],
-                    timeout=timeout)
-    if not out.ok:
-        first = (out.stderr.strip().splitlines() or ["no output"])[0]
-        return [], f"sacct failed ({first})"
-    segments = parse(out.stdout)
-    if not segments:
-        return [], f"sacct has no record of job {', '.join(job_ids)} (accounting off, or purged)"
-    return segments, None
