@@ -22,6 +22,7 @@ from pathlib import Path
 
 from hpc_train.bench import train_plan, train_report
 from hpc_train.errors import HpcTrainError
+from hpc_train.parallel.layout import Parallelism
 from hpc_train.rundir import RunPaths
 
 DEFAULT_SPEC = "jobs/smoke.yaml"
@@ -58,7 +59,7 @@ def load_bench_spec(spec_file: str, overrides: list[str]):
     spec, warnings = validate_spec_file(spec_file, overrides)
     for warning in warnings:
         print(f"warning: {warning}", file=sys.stderr)
-    if spec.uses_pipeline or spec.model.name == "gpt":
+    if spec.parallelism is not Parallelism.DATA_PARALLEL:
         raise HpcTrainError("bench train measures data-parallel image models; for pipeline stages "
                             "use `python -m hpc_train bench pipeline`")
     return resolve_paths(spec)

@@ -20,8 +20,7 @@ from dataclasses import asdict, dataclass, field
 
 from hpc_train.job.watchdog import StalledRank, culprits, silent_after
 from hpc_train.runtime.heartbeat import Beat, beat_interval
-
-DEFAULT_STALL_SECONDS = 300.0   # launch.stall_seconds' default: for runs that did not record it
+from hpc_train.spec.schema import DEFAULT_STALL_SECONDS
 
 __all__ = ["DEFAULT_STALL_SECONDS", "Beat", "Health", "assess", "describe", "stalled_now"]
 

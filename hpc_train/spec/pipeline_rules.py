@@ -8,14 +8,14 @@ micro-batches that do not split the batch) or fail only after the queue wait.
 from __future__ import annotations
 
 from hpc_train.models.catalog import GptOptions
-from hpc_train.parallel.layout import ParallelLayout
+from hpc_train.parallel.layout import Parallelism, ParallelLayout
 from hpc_train.spec.problems import Problem
 from hpc_train.spec.schema import BYTE_VOCAB, TOKEN_KINDS, JobSpec
 
 
 def runs_stages(spec: JobSpec) -> bool:
-    """gpt jobs run on the pipeline engine, one stage or more (one stage: plain data parallel)."""
-    return spec.uses_pipeline or spec.model.name == "gpt"
+    """Whether the job runs on the pipeline engine, one stage or more (`JobSpec.parallelism`)."""
+    return spec.parallelism is Parallelism.PIPELINE
 
 
 def gpt_options(spec: JobSpec) -> GptOptions:
