@@ -30,7 +30,7 @@ def _doctor_across_nodes(args: argparse.Namespace) -> int:
     import os
     from pathlib import Path
 
-    from hpc_train.doctor.render import show
+    from hpc_train.doctor.table import show
 
     method = args.launcher or "mpirun"
     out = Path(args.out) if args.out else None
@@ -120,7 +120,7 @@ def _render(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from hpc_train.rundir import RunPaths
-    from hpc_train.slurm.render import load_template, render_script
+    from hpc_train.slurm.standalone import load_template, render_script
     from hpc_train.slurm.run_code import CODE_NEW, CODE_NONE, attach_code, take_snapshot
     from hpc_train.spec import dump_spec_yaml
 

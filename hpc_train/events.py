@@ -6,17 +6,20 @@ each event's fields, is in docs/run-directory.md (a test keeps the two in step).
 
 An event is one JSON line, written whole or not at all (`rundir.append_jsonl`), with `time`, and
 `job_id`/`restart` when written inside a Slurm job. Writers inside a job use `try_record`: a
-full disk must not kill the driver that is about to requeue the job.
+full disk must not kill the driver that is about to requeue the job. Nothing decides from these
+events (they are the record): decisions read the run state (run_state.py).
 """
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import time
 
 from hpc_train import scheduler
 from hpc_train.rundir import RunPaths, append_jsonl, read_jsonl
+from hpc_train.runtime.faults import EVENTS_FAULT_ENV
 
 log = logging.getLogger("hpc_train.events")
 
@@ -168,6 +171,8 @@ def record(paths: RunPaths, event: dict) -> None:
     """Append one event; raises OSError when it cannot be written (nothing partial is left)."""
     if event.get("event") not in ALL:
         raise ValueError(f"not an event of the vocabulary: {event.get('event')!r}")
+    if os.environ.get(EVENTS_FAULT_ENV):       # a test-only fault: as on a full disk
+        raise OSError(errno.EIO, f"event writes fail ({EVENTS_FAULT_ENV} is set)", str(paths.events))
     append_jsonl(paths.events, stamped(event))
 
 
@@ -216,38 +221,14 @@ def run_starts(events: list[dict]) -> list[float]:
     return sorted(e["time"] for e in named(events, STARTED))
 
 
-def starts(events: list[dict]) -> list[dict]:
-    return named(events, STARTED)
-
-
-def failed_runs(events: list[dict]) -> int:
-    """Runs of this job that ended in a failure or a stall and were requeued for another try."""
-    return sum(1 for e in named(events, REQUEUED) if e.get("cause") in FAILURE_CAUSES)
-
-
 def stop_reason_since(events: list[dict], since: float) -> str | None:
     """The reason of the ranks' last agreed stop (saved) at or after `since`."""
     stops = [e for e in named(events, STOP_SAVED) if e["time"] >= since]
     return stops[-1].get("reason") if stops else None
 
 
-def spec_change_allowed_between(events: list[dict], from_hash: str | None, to_hash: str) -> bool:
-    return any(e.get("from_hash") == from_hash and e.get("to_hash") == to_hash
-               for e in named(events, SPEC_CHANGE_ALLOWED))
-
-
 def spec_changed_after(events: list[dict], since: float) -> bool:
     return any(e["time"] > since for e in named(events, SPEC_CHANGE_ALLOWED))
-
-
-def first_pipeline_cut(events: list[dict]) -> tuple[int, ...] | None:
-    """The stage sizes a timed balance chose on the run's first start, if it started before."""
-    cuts = named(events, PIPELINE_CUT)
-    return tuple(cuts[0]["sizes"]) if cuts else None
-
-
-def requeues(events: list[dict]) -> list[dict]:
-    return named(events, REQUEUED)
 
 
 def resumed_steps(events: list[dict]) -> list[int]:
@@ -270,11 +251,6 @@ def run_window(starts: list[float], index: int) -> tuple[float, float]:
     return begin, end
 
 
-def last_start(events: list[dict]) -> dict | None:
-    """The driver's latest `started` event: the current (or last) run's hosts, ranks, limits."""
-    return last(events, STARTED)
-
-
 def start_time(events: list[dict]) -> float:
     """When the current (or last) run started; 0.0 before any start."""
     found = run_starts(events)
@@ -283,46 +259,26 @@ def start_time(events: list[dict]) -> float:
 
 def world_size(events: list[dict]) -> int | None:
     """Ranks of the latest run, from its `started` event."""
-    found = last_start(events)
+    found = last(events, STARTED)        # the latest run's
     return found.get("ranks") if found else None
 
 
 def stall_seconds(events: list[dict], default: float) -> float:
     """launch.stall_seconds of the latest run, as its `started` event says (`default` before
     the driver recorded it)."""
-    found = last_start(events)
+    found = last(events, STARTED)        # the latest run's
     value = found.get("stall_seconds") if found else None
     return float(value) if isinstance(value, (int, float)) and value > 0 else default
 
 
 def restarts(events: list[dict]) -> int:
     """The highest Slurm restart count any start was recorded under."""
-    return max([e.get("restart", 0) for e in starts(events)] or [0])
+    return max([e.get("restart", 0) for e in named(events, STARTED)] or [0])
 
 
 def requeue_reasons(events: list[dict]) -> list[str]:
     """The `requeued` events' reasons, first to last."""
-    return [e.get("reason", "?") for e in requeues(events)]
-
-
-def training_start(events: list[dict]) -> dict | None:
-    """The latest `training_started`: total_steps, steps_per_epoch, world_size, ..."""
-    return last(events, TRAINING_STARTED)
-
-
-def rank_failures(events: list[dict]) -> list[dict]:
-    """`rank_failed` events in order; the first one of a run is its cause (as the rank saw it)."""
-    return named(events, RANK_FAILED)
-
-
-def last_stop(events: list[dict]) -> dict | None:
-    """The ranks' last agreed stop (`stop_saved`: step, reason) among `events`."""
-    return last(events, STOP_SAVED)
-
-
-def last_stall(events: list[dict]) -> dict | None:
-    """The watchdog's last `ranks_stalled` among `events` (why, idle_seconds, ranks)."""
-    return last(events, RANKS_STALLED)
+    return [e.get("reason", "?") for e in named(events, REQUEUED)]
 
 
 def ending(events: list[dict]) -> dict | None:
@@ -343,11 +299,6 @@ def ending_words(event: dict | None) -> str | None:
     if was_requeued(event):
         return f"requeued (cause {event.get('cause') or '?'}, by {event.get('by') or '?'})"
     return f"finished {event.get('status') or '?'}"
-
-
-def last_stop_request(events: list[dict]) -> dict | None:
-    """The driver's last `stop_requested` among `events` (the signal the job got)."""
-    return last(events, STOP_REQUESTED)
 
 
 def ended_by_stop(event: dict | None) -> bool:

@@ -54,6 +54,11 @@ class RunPaths:
         return self.root / EVENTS_FILE
 
     @property
+    def run_state(self) -> Path:
+        """What the driver and the ranks decide from (run_state.py); events.jsonl is the record."""
+        return self.root / "state.json"
+
+    @property
     def metrics(self) -> Path:
         return self.root / "metrics.jsonl"
 

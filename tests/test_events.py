@@ -10,6 +10,7 @@ import pytest
 
 from hpc_train import events
 from hpc_train.rundir import RunPaths, read_jsonl
+from hpc_train.runtime.faults import EVENTS_FAULT_ENV
 from tests.conftest import REPO
 
 
@@ -37,13 +38,6 @@ def test_record_refuses_a_name_outside_the_vocabulary(tmp_path):
         events.finished("requeued", "x", 0, 1.0)
 
 
-def test_failed_runs_count_failures_and_stalls_not_stops():
-    history = [at(events.requeued("r", cause, "driver", "", 1, 1.0), 1.0)
-               for cause in (events.CAUSE_STOP, events.CAUSE_FAILURE, events.CAUSE_INTERRUPTED,
-                             events.CAUSE_STALL)]
-    assert events.failed_runs(history) == 2
-
-
 def test_queries_answer_from_the_right_events():
     history = [
         at(events.submitted("7", "slurm", "h0"), 1.0),
@@ -58,17 +52,22 @@ def test_queries_answer_from_the_right_events():
     assert events.run_starts(history) == [2.0, 5.0]
     assert events.stop_reason_since(history, 5.0) == "deadline"
     assert events.stop_reason_since(history, 6.5) is None
-    assert events.spec_change_allowed_between(history, "h0", "h1")
-    assert not events.spec_change_allowed_between(history, "h1", "h0")
+    assert events.spec_changed_after(history, 6.5) and not events.spec_changed_after(history, 7.0)
     assert events.job_ids(history) == ["7", "8"]
     assert events.last_submission(history) == ("8", "local")
     assert events.state(history) == "PENDING"
     assert events.state([*history, at(events.finished("timeout", "x", None, 1.0), 9.0)]) == "TIMEOUT"
 
 
-def test_try_record_survives_a_write_that_fails(tmp_path):
+def test_try_record_survives_a_write_that_fails(tmp_path, monkeypatch):
     paths = RunPaths(tmp_path / "gone")             # no such directory: the write fails
     assert events.try_record(paths, events.stop_saved(1, "x")) is False
+    # The test-only fault: every write fails, with the directory there.
+    monkeypatch.setenv(EVENTS_FAULT_ENV, "1")
+    with pytest.raises(OSError, match=EVENTS_FAULT_ENV):
+        events.record(RunPaths(tmp_path), events.stop_saved(1, "x"))
+    assert events.try_record(RunPaths(tmp_path), events.stop_saved(1, "x")) is False
+    assert not (tmp_path / "events.jsonl").exists()
 
 
 _FULL_DISK_WRITER = """

@@ -20,14 +20,13 @@ memory (NCCL) and mpi4py host memory; the comparison is then between the two pat
 from __future__ import annotations
 
 import contextlib
-import statistics
-import time
 
 import numpy as np
 import torch
 
 from hpc_train.models import build_model
 from hpc_train.parallel.data_parallel import init_torch_distributed
+from hpc_train.train.timing import medians, repeat
 
 
 def gradient_shapes(model_name: str) -> list[torch.Size]:
@@ -45,19 +44,6 @@ class _Holder(torch.nn.Module):
 
     def forward(self, x):
         return torch.stack([p.view(-1)[0] for p in self.params]).sum() * x
-
-
-def _timed(run, barrier, device, repetitions: int) -> list[float]:
-    times = []
-    for i in range(repetitions + 1):          # the first is a warm-up (buffers, connections)
-        barrier()
-        start = time.perf_counter()
-        run()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        if i:
-            times.append(time.perf_counter() - start)
-    return times
 
 
 def measure(model_name: str, device: torch.device, repetitions: int, rounds: int) -> dict:
@@ -117,11 +103,11 @@ def measure(model_name: str, device: torch.device, repetitions: int, rounds: int
         for horovod, methods in groups if round_ % 2 == 0 else reversed(groups):
             if horovod:
                 hvd.init()
-            for name, run in methods.items():
-                times[name] += _timed(run, comm.Barrier, device, repetitions)
+            for name, run in methods.items():   # the first of each is a warm-up (buffers, connections)
+                times[name] += repeat(run, repetitions + 1, device, before=comm.Barrier)[1:]
             if horovod:
                 hvd.shutdown()
-    median = {name: statistics.median(values) for name, values in times.items()}
+    median = medians(times)
     median["ddp buckets"] = max(median.pop("ddp backward") - median.pop("ddp backward no_sync"), 1e-9)
     return {"model": model_name, "parameters": count, "bytes": count * 4, "device": str(device),
             "torch_backend": dist.get_backend(), "repetitions": repetitions, "rounds": rounds,

@@ -16,9 +16,7 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
 import tempfile
-import time
 from pathlib import Path
 
 import torch
@@ -28,6 +26,7 @@ from hpc_train.checkpoint.rng import capture_rng
 from hpc_train.checkpoint.snapshot import HostSnapshot
 from hpc_train.checkpoint.writer import BackgroundWriter
 from hpc_train.models import build_model
+from hpc_train.train.timing import Stopwatch, medians, time_it
 
 
 def training_state(model_name: str) -> tuple[dict, dict]:
@@ -56,17 +55,20 @@ class AsyncSaver:
         self.manager = CheckpointManager(directory, 0, 1, barrier=lambda: None, keep_last=2)
         self.writer, self.snapshot = BackgroundWriter(timeout=600), HostSnapshot()
 
-    def save(self, step: int, replicated: dict, per_rank: dict) -> tuple[float, float]:
-        """(seconds the loop was blocked, seconds until the checkpoint was complete)."""
-        start = time.perf_counter()
+    def start(self, step: int, replicated: dict, per_rank: dict) -> None:
+        """What the loop waits for: the host snapshot, the temporary directory, the writer started."""
         replicated, per_rank = self.snapshot.take((replicated, per_rank))
         self.manager.prepare(step)
-        self.writer.submit(lambda: self.manager.write(step, replicated, per_rank,
-                                                      {"spec_hash": "bench"},
+        self.writer.submit(lambda: self.manager.write(step, replicated, per_rank, {"spec_hash": "bench"},
                                                       peers_done=lambda: None))
-        blocked = time.perf_counter() - start
+
+    def save(self, step: int, replicated: dict, per_rank: dict) -> tuple[float, float]:
+        """(seconds the loop was blocked, seconds until the checkpoint was complete)."""
+        watch = Stopwatch()
+        self.start(step, replicated, per_rank)
+        blocked = watch.seconds()
         self.writer.wait()
-        return blocked, time.perf_counter() - start
+        return blocked, watch.seconds()
 
 
 def loop_rate(seconds: float, during=None) -> float:
@@ -75,16 +77,16 @@ def loop_rate(seconds: float, during=None) -> float:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)          # one thread: less noise from other load on the machine
     a = torch.randn(192, 192)
-    count, start = 0, time.perf_counter()
+    count, watch = 0, Stopwatch()
     try:
         while True:   # at least one iteration, so a write that ends at once still gives a rate
             a = torch.tanh(a @ a)
             count += 1
-            if not (during.busy if during is not None else time.perf_counter() - start < seconds):
+            if not (during.busy if during is not None else watch.seconds() < seconds):
                 break
     finally:
         torch.set_num_threads(threads)
-    return count / max(time.perf_counter() - start, 1e-9)
+    return count / max(watch.seconds(), 1e-9)
 
 
 def measure(model_name: str, rounds: int, directory: Path) -> dict:
@@ -104,26 +106,23 @@ def measure(model_name: str, rounds: int, directory: Path) -> dict:
         # The loop's rate while a write runs (started without waiting), and just before it
         # for as long (the same moment's load on the machine).
         times["loop_idle"].append(loop_rate(times["async_total"][-1]))
-        snapshot = saver.snapshot.take((replicated, per_rank))
-        saver.manager.prepare(10_000 + i)
-        saver.writer.submit(lambda: saver.manager.write(10_000 + i, *snapshot, {},
-                                                        peers_done=lambda: None))
+        saver.start(10_000 + i, replicated, per_rank)
         times["loop_writing"].append(loop_rate(0, during=saver.writer))
         saver.writer.wait()
 
     savers = {
-        "sync": lambda i: times["sync"].append(timed(lambda: manager.save(
+        "sync": lambda i: times["sync"].append(time_it(lambda: manager.save(
             i + 1, replicated, per_rank, {"spec_hash": "bench"}))),
         "async": async_round,
-        "bare": lambda i: times["bare"].append(timed(lambda: bare_save(replicated, per_rank, bare_dir))),
-        "bare_fsync": lambda i: times["bare_fsync"].append(timed(
+        "bare": lambda i: times["bare"].append(time_it(lambda: bare_save(replicated, per_rank, bare_dir))),
+        "bare_fsync": lambda i: times["bare_fsync"].append(time_it(
             lambda: bare_save(replicated, per_rank, bare_dir, fsync=True))),
     }
     for i in range(rounds):
         order = list(savers) if i % 2 == 0 else list(reversed(savers))
         for name in order:
             savers[name](i)
-    median = {name: statistics.median(values) for name, values in times.items()}
+    median = medians(times)
     return {"model": model_name, "model_mb": round(size / 2**20, 1), "rounds": rounds,
             "sync_s": round(median["sync"], 4), "async_blocked_s": round(median["async_blocked"], 4),
             "async_total_s": round(median["async_total"], 4),
@@ -134,12 +133,6 @@ def measure(model_name: str, rounds: int, directory: Path) -> dict:
             "async_total_vs_bare": round(median["async_total"] / median["bare"], 3),
             "loop_rate_while_writing": round(median["loop_writing"] / median["loop_idle"], 3),
             "directory": str(directory)}
-
-
-def timed(action) -> float:
-    start = time.perf_counter()
-    action()
-    return time.perf_counter() - start
 
 
 def main(args) -> int:

@@ -24,9 +24,7 @@ import io
 import json
 import math
 import os
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -41,6 +39,7 @@ from hpc_train.data.shard_dataset import ShardedImages
 from hpc_train.data.transforms import (IMAGENET_MEAN, IMAGENET_STD, TrainTransform, ValTransform,
                                        rrc_params, sample_rng, val_geometry)
 from hpc_train.errors import DataError
+from hpc_train.train.timing import Stopwatch, medians
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".webp"}
 MEMORY_CAP = 2048  # images held in memory for the ceiling (all workers get a copy)
@@ -167,9 +166,9 @@ class Config:
     def run(self, batches: int) -> float:
         """Images/s of one round of `batches` batches, timed from iter() to the last batch."""
         self.sampler.count = batches * self.loader.batch_size
-        start = time.perf_counter()
+        watch = Stopwatch()
         images = sum(len(labels) for _, labels in self.loader)
-        return images / (time.perf_counter() - start)
+        return images / watch.seconds()
 
 
 def build_configs(args) -> list[Config]:
@@ -230,17 +229,17 @@ def measure(configs: list[Config], args, say) -> None:
 
 
 def results(configs: list[Config], args) -> dict:
-    medians = {c.name: statistics.median(c.rates) for c in configs}
+    median = medians({c.name: c.rates for c in configs})
     cores = max(1, args.workers)    # the worker processes do the decoding; 0 = the main process
     rows = []
     for c in configs:
-        per_core = medians[c.name] / cores
+        per_core = median[c.name] / cores
         rows.append({
-            "config": c.name, "what": c.what, "images_per_s": round(medians[c.name], 1),
+            "config": c.name, "what": c.what, "images_per_s": round(median[c.name], 1),
             "min": round(min(c.rates), 1), "max": round(max(c.rates), 1),
             "rounds": [round(r, 1) for r in c.rates], "images_per_round": c.batches * args.batch,
-            "vs_torchvision": round(medians[c.name] / medians["torchvision"], 3),
-            "vs_ceiling": round(medians[c.name] / medians["memory"], 3),
+            "vs_torchvision": round(median[c.name] / median["torchvision"], 3),
+            "vs_ceiling": round(median[c.name] / median["memory"], 3),
             "images_per_s_per_core": round(per_core, 1),
             "cores_per_gpu": round(GPU_IMAGES_PER_S / per_core, 2)})
     return {"rows": rows, "settings": {

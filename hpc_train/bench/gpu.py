@@ -26,8 +26,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from hpc_train.errors import HpcTrainError, LaunchError
-from hpc_train.launch.local import find_local_mpirun, free_port
+from hpc_train.bench.ranks import run_here
+from hpc_train.errors import HpcTrainError
+from hpc_train.launch.local import free_port
+from hpc_train.spec import LaunchSpec
+from hpc_train.train.timing import Stopwatch
 
 BUDGET_SECONDS = 8 * 60
 ANCHOR = {"images_per_s": 2470, "gpu": "A100 80GB", "precision": "AMP (fp16)",
@@ -108,28 +111,22 @@ def make_shards(where: Path, timeout: float) -> Path:
     return where / "shards"
 
 
-def run_ranks(settings: dict, gpus: int, out_dir: Path, timeout: float) -> list[dict]:
-    """One process per GPU: this one for a single GPU (or the CPU), else mpirun on this host."""
+def run_ranks(settings: dict, gpus: int) -> list[dict]:
+    """One process per GPU: this one for a single GPU (or the CPU), else a rank per GPU on this
+    host, started and supervised as a job's (bench/ranks.py)."""
     if gpus == 1:
         from hpc_train.bench.gpu_rank import run
         from hpc_train.launch.identity import RankInfo
+        from hpc_train.runtime.heartbeat import NoHeartbeat
 
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", str(free_port()))
-        return [run(settings, RankInfo())]
-    mpirun = find_local_mpirun()
-    if mpirun is None:
-        raise LaunchError(f"{gpus} GPUs need one process each: mpirun is not on PATH "
-                          "(load your MPI module), or make one GPU visible with CUDA_VISIBLE_DEVICES")
-    argv = [*mpirun.argv(gpus), sys.executable, "-m", "hpc_train.bench.gpu_rank", str(out_dir),
-            json.dumps(settings)]
-    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
-    done = subprocess.run(argv, env=env, stdout=sys.stderr, timeout=timeout, check=False)
-    files = sorted(out_dir.glob("rank-*.json"))
-    if done.returncode != 0 or len(files) != gpus:
-        raise LaunchError(f"the protocol's ranks failed (mpirun exit {done.returncode}, "
-                          f"{len(files)}/{gpus} results): {' '.join(argv[:6])} ...")
-    return [json.loads(f.read_text()) for f in files]
+        return [run(settings, RankInfo(), NoHeartbeat())]
+    # A phase makes no progress for as long as it is timed: the watchdog's bound allows for it.
+    stall = LaunchSpec().stall_seconds + settings["seconds"]
+    return run_here("bench-gpu", "hpc_train.bench.gpu_rank", settings, gpus,
+                    {"slurm": {"gpus_per_node": gpus, "cpus_per_task": settings["cpus_per_gpu"]},
+                     "launch": {"stall_seconds": stall}})
 
 
 def environment() -> dict:
@@ -143,19 +140,19 @@ def environment() -> dict:
 def main(args) -> int:
     import torch
 
-    started = time.monotonic()
+    watch = Stopwatch()
     if args.device == "cuda" and not torch.cuda.is_available():
         raise HpcTrainError("bench gpu needs a CUDA GPU and a CUDA build of torch (torch.cuda."
                             "is_available() is False here); run it on a GPU node")
     gpus = torch.cuda.device_count() if args.device == "cuda" else 1
     with tempfile.TemporaryDirectory(prefix="bench-gpu-") as tmp:
         shards = Path(args.shards) if args.shards else make_shards(Path(tmp), BUDGET_SECONDS / 2)
-        budget = BUDGET_SECONDS - (time.monotonic() - started) - 30    # 30 s to start and report
+        budget = BUDGET_SECONDS - watch.seconds() - 30    # 30 s to start and report
         settings = settings_from(args, gpus, shards, budget)
-        merged = merge(run_ranks(settings, gpus, Path(tmp), budget + 120))
+        merged = merge(run_ranks(settings, gpus))
     report = {"settings": settings, **merged, **environment(), "gpus": gpus,
               "targets": verdicts(merged["phases"], merged["gpu"], settings["precisions"][0]),
-              "seconds": round(time.monotonic() - started, 1)}
+              "seconds": round(watch.seconds(), 1)}
     out = Path(args.out) if args.out else Path("runs") / f"bench-gpu-{time.strftime('%Y%m%d-%H%M%S')}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=1))

@@ -1,5 +1,5 @@
 """One GPU's part of `bench gpu` (bench/gpu.py): in-process on a one-GPU machine, or one rank
-per GPU under mpirun (`python -m hpc_train.bench.gpu_rank OUT_DIR SETTINGS_JSON`).
+per GPU started as a job's (`python -m hpc_train.bench.gpu_rank RUN_DIR`, bench/ranks.py).
 
 Phases, each in its own time budget (settings["seconds"]), all with channels_last and
 cudnn.benchmark: ResNet-50 on one batch made on the GPU (the compute ceiling) in each precision
@@ -12,23 +12,15 @@ steps (rank 0's count, broadcast), which DDP's collectives need.
 from __future__ import annotations
 
 import gc
-import json
-import os
-import sys
-import time
-from pathlib import Path
 
 import torch
 
 from hpc_train.bench.bare_loop import BareLoop, RepeatedBatch
-from hpc_train.launch.identity import RankInfo, rank_from_env
+from hpc_train.bench.ranks import serve
+from hpc_train.launch.identity import RankInfo
+from hpc_train.train.timing import Stopwatch, time_it
 
 CALIBRATION_STEPS = 5
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def agreed(count: int, device: torch.device) -> int:
@@ -45,16 +37,9 @@ def agreed(count: int, device: torch.device) -> int:
 def timed_training(loop: BareLoop, batch: int, warmup: int, seconds: float, device) -> dict:
     """Warm up (cudnn picks its kernels), calibrate, then time as many steps as fit."""
     loop.steps(warmup)
-    _sync(device)
-    start = time.perf_counter()
-    loop.steps(CALIBRATION_STEPS)
-    _sync(device)
-    per_step = (time.perf_counter() - start) / CALIBRATION_STEPS
+    per_step = time_it(lambda: loop.steps(CALIBRATION_STEPS), device) / CALIBRATION_STEPS
     steps = agreed(max(CALIBRATION_STEPS, int(seconds / max(per_step, 1e-6))), device)
-    start = time.perf_counter()
-    loop.steps(steps)
-    _sync(device)
-    elapsed = time.perf_counter() - start
+    elapsed = time_it(lambda: loop.steps(steps), device)
     return {"images_per_s_per_gpu": batch * steps / elapsed, "step_ms": 1e3 * elapsed / steps,
             "steps": steps, "batch_per_gpu": batch}
 
@@ -93,8 +78,8 @@ def loader_rate(loader, seconds: float) -> dict:
     batches = iter(loader)
     for _ in range(2):       # workers started, first batches out
         next(batches)
-    images, start = 0, time.perf_counter()
-    while time.perf_counter() - start < seconds:
+    images, watch = 0, Stopwatch()
+    while watch.seconds() < seconds:
         try:
             batch, _ = next(batches)
         except StopIteration:
@@ -102,7 +87,7 @@ def loader_rate(loader, seconds: float) -> dict:
             batches = iter(loader)
             continue
         images += len(batch)
-    return {"images_per_s_per_gpu": images / (time.perf_counter() - start), "workers": loader.num_workers}
+    return {"images_per_s_per_gpu": images / watch.seconds(), "workers": loader.num_workers}
 
 
 def horovod_cuda() -> bool:
@@ -114,7 +99,7 @@ def horovod_cuda() -> bool:
         return False
 
 
-def run(settings: dict, identity: RankInfo) -> dict:
+def run(settings: dict, identity: RankInfo, heartbeat) -> dict:
     from hpc_train.data.transforms import normalize_batch
     from hpc_train.parallel.data_parallel import init_torch_distributed
 
@@ -124,16 +109,17 @@ def run(settings: dict, identity: RankInfo) -> dict:
         torch.cuda.set_device(device)
         torch.backends.cudnn.benchmark = True
     init_torch_distributed(identity.rank, identity.size, device)
-    budget_end = time.monotonic() + settings["budget_seconds"]
+    budget = Stopwatch()
     seconds, warmup, batch = settings["seconds"], settings["warmup"], settings["batch"]
     result = {"rank": identity.rank, "device": str(device), "phases": {}, "skipped": []}
     if cuda:
         result["gpu"] = torch.cuda.get_device_name(device)
 
     def phase(name: str, work) -> None:
-        if time.monotonic() + seconds > budget_end:
+        if budget.seconds() + seconds > settings["budget_seconds"]:
             result["skipped"].append(name)     # the protocol must end within its budget
             return
+        heartbeat.progress(phase=f"bench {name}")
         result["phases"][name] = work()
         gc.collect()                           # the phase's model and DDP buckets go now
         if cuda:
@@ -167,12 +153,5 @@ def run(settings: dict, identity: RankInfo) -> dict:
     return result
 
 
-def main() -> None:
-    out_dir, settings = Path(sys.argv[1]), json.loads(sys.argv[2])
-    identity = rank_from_env(os.environ)
-    result = run(settings, identity)
-    (out_dir / f"rank-{identity.rank}.json").write_text(json.dumps(result))
-
-
 if __name__ == "__main__":
-    main()
+    serve(run)

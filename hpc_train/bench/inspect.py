@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import io
 import json
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -21,6 +20,7 @@ from hpc_train import events
 from hpc_train.rundir import RunPaths, append_jsonl
 from hpc_train.runtime.heartbeat import Phase
 from hpc_train.spec.schema import DEFAULT_STALL_SECONDS
+from hpc_train.train.timing import medians, repeat
 
 _T0 = 1_790_000_000.0
 
@@ -80,15 +80,6 @@ def make_run(root: Path, ranks: int = 8, metric_lines: int = 10_000, every: int 
     return paths
 
 
-def _time(fn, rounds: int) -> float:
-    times = []
-    for _ in range(rounds):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
 def main(args) -> int:
     from hpc_train.inspection import logs
     from hpc_train.inspection.cli import build_status
@@ -96,10 +87,9 @@ def main(args) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         paths = make_run(Path(tmp), args.ranks, args.metric_lines)
         sink = io.StringIO()
-        figures = {
-            "status (in-process)": _time(lambda: build_status(paths.root, slurm=False), args.rounds),
-            "logs --all-ranks (in-process)": _time(
-                lambda: logs.write(logs.select(paths, None, None), True, sink), args.rounds),
+        actions = {
+            "status (in-process)": lambda: build_status(paths.root, slurm=False),
+            "logs --all-ranks (in-process)": lambda: logs.write(logs.select(paths, None, None), True, sink),
         }
         for name, argv in (("status --no-slurm (subprocess)", ["status", str(paths.root), "--no-slurm"]),
                            ("status --json --no-slurm (subprocess)", ["status", str(paths.root), "--json",
@@ -108,8 +98,8 @@ def main(args) -> int:
                            ("logs --run 1 --grep (subprocess)", ["logs", str(paths.root), "--run", "1",
                                                                  "--grep", "step 9"])):
             command = [sys.executable, "-m", "hpc_train", *argv]
-            figures[name] = _time(lambda c=command: subprocess.run(c, stdout=subprocess.DEVNULL, check=True),
-                                  args.rounds)
+            actions[name] = lambda c=command: subprocess.run(c, stdout=subprocess.DEVNULL, check=True)
+        figures = medians({name: repeat(action, args.rounds) for name, action in actions.items()})
     result = {"ranks": args.ranks, "metric_lines": args.metric_lines, "rounds": args.rounds,
               "median_seconds": figures}
     if args.json:

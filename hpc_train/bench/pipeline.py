@@ -1,7 +1,7 @@
 """`bench pipeline`: GPipe's bubble, measured against (K-1)/(M+K-1), and memory with/without remat.
 
-The login-node side (no torch import): start `mpirun -np K` of `hpc_train.bench.pipeline_rank`,
-one rank per stage, read the ranks' JSON files, and report per (remat, M): step time, the
+The login-node side (no torch import): start K ranks of `hpc_train.bench.pipeline_rank` on this
+host as a job's are started (bench/ranks.py), one rank per stage, read the ranks' JSON files, and report per (remat, M): step time, the
 measured bubble (mean over stages) next to the formula, and each stage's peak activation memory.
 Measure and formula come from the same run; whether they agree for M >= 4 is stated, not assumed.
 """
@@ -11,13 +11,10 @@ from __future__ import annotations
 import json
 import os
 import statistics
-import subprocess
 import sys
-import tempfile
-from pathlib import Path
 
-from hpc_train.errors import HpcTrainError, LaunchError
-from hpc_train.launch.local import find_local_mpirun, free_port
+from hpc_train.bench.ranks import run_here
+from hpc_train.errors import HpcTrainError
 
 DEFAULT_M = (1, 2, 4, 8)
 TOLERANCE, FROM_M = 0.10, 4      # the issue's criterion: |measured - formula| <= 0.10 for M >= 4
@@ -117,30 +114,11 @@ def render(report: dict, tty: bool) -> None:
     Console().print(table)
 
 
-def _local_mpirun(ranks: int) -> list[str]:
-    mpirun = find_local_mpirun()
-    if mpirun is None:
-        raise LaunchError("mpirun is not on PATH (bash env/setup.sh installs OpenMPI)")
-    return mpirun.argv(ranks)
-
-
-def launch(settings: dict) -> list[dict]:
-    """Run the ranks on this host; their results, one dict per rank. Progress goes to stderr."""
-    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
-    with tempfile.TemporaryDirectory(prefix="bench-pipeline-") as tmp:
-        argv = [*_local_mpirun(settings["stages"]), sys.executable, "-m", "hpc_train.bench.pipeline_rank",
-                tmp, json.dumps(settings)]
-        done = subprocess.run(argv, stdout=sys.stderr, env=env, check=False)
-        files = sorted(Path(tmp).glob("rank-*.json"))
-        if done.returncode != 0 or len(files) != settings["stages"]:
-            raise LaunchError(f"the benchmark's ranks failed (mpirun exit {done.returncode}, "
-                              f"{len(files)}/{settings['stages']} results): {' '.join(argv)}")
-        return [json.loads(f.read_text()) for f in files]
-
-
 def main(args) -> int:
     settings = settings_from(args)
-    report = merge(launch(settings), settings)
+    # The ranks' progress goes to stderr.
+    report = merge(run_here("bench-pipeline", "hpc_train.bench.pipeline_rank", settings, settings["stages"]),
+                   settings)
     if args.json:
         print(json.dumps(report, indent=1))
     else:

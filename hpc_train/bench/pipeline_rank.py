@@ -1,6 +1,6 @@
-"""One rank of `bench pipeline`: `python -m hpc_train.bench.pipeline_rank OUT_DIR SETTINGS_JSON`.
+"""One rank of `bench pipeline`: `python -m hpc_train.bench.pipeline_rank RUN_DIR`.
 
-Started by mpirun (one rank per stage). For every configuration (remat off/on x M micro-batches)
+Started as a job's ranks are (bench/ranks.py), one rank per stage. For every configuration (remat off/on x M micro-batches)
 it builds the pipeline afresh from the same seed, runs warm-up steps, then times steps:
 
     barrier | t0 | forward_backward | barrier | t1 | finish_step | t2
@@ -12,21 +12,17 @@ included. The stage's BusyClock (the engine's; on a GPU one that waits for the k
 bubble = 1 - busy / schedule, per step, and the median over steps counts. Peak activation memory
 is the SavedTensorMeter's over the steps after the first (the steady state).
 The global batch is the same for every M (micro-batch = batch / M), as in the GPipe paper.
-Each rank writes OUT_DIR/rank-N.json.
+Each rank writes RUN_DIR/rank-N.json.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import statistics
 import sys
-import time
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
+from hpc_train.bench.ranks import serve
 from hpc_train.models.gpt import gpt, lm_loss
 from hpc_train.parallel.data_parallel import init_torch_distributed
 from hpc_train.parallel.pipeline.balance import bubble_fraction
@@ -34,7 +30,8 @@ from hpc_train.parallel.pipeline.engine import BusyClock, PipelineConfig, Pipeli
 from hpc_train.parallel.layout import ParallelLayout
 from hpc_train.parallel.pipeline.memory import SavedTensorMeter
 from hpc_train.parallel.pipeline.scaler import AgreedLossScaler
-from hpc_train.launch.identity import rank_from_env
+from hpc_train.launch.identity import RankInfo
+from hpc_train.train.timing import Stopwatch, medians
 
 VOCAB = 256
 CHUNKS = ("forward_one_chunk", "backward_one_chunk")
@@ -78,34 +75,27 @@ def run_config(s: dict, layout: ParallelLayout, rank: int, device: torch.device,
     # The first step is metered apart: torch's pipelining infers shapes on it, which on the first
     # stage keeps one extra micro-batch's activations alive; the timed steps are the steady state.
     first, meter = SavedTensorMeter(engine.module), SavedTensorMeter(engine.module)
-    schedule_s, step_s, busy_s, bubbles = [], [], [], []
+    timed: dict[str, list[float]] = {"step_s": [], "schedule_s": [], "busy_s": [], "bubble": []}
     for step in range(s["warmup"] + s["steps"]):
         if step == s["warmup"] and device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
         optimizer.zero_grad(set_to_none=True)
         engine.barrier()
         busy0 = clock.seconds
-        t0 = time.perf_counter()
+        watch = Stopwatch(device)
         with first if step == 0 else meter:
             engine.forward_backward(inputs, targets)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
+        watch.wait()          # this stage's kernels are done before it enters the barrier
         engine.barrier()
-        t1 = time.perf_counter()
+        schedule = watch.seconds()
         engine.finish_step(optimizer)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        t2 = time.perf_counter()
+        total = watch.seconds()
         if step >= s["warmup"]:
             busy = clock.seconds - busy0
-            schedule_s.append(t1 - t0)
-            busy_s.append(busy)
-            step_s.append(t2 - t0)
-            bubbles.append(1.0 - busy / (t1 - t0))
+            for name, value in zip(timed, (total, schedule, busy, 1.0 - busy / schedule)):
+                timed[name].append(value)
     row = {"stage": engine.stage_index, "microbatches": micro, "remat": remat, "blocks": engine.sizes,
-           "step_s": statistics.median(step_s), "schedule_s": statistics.median(schedule_s),
-           "busy_s": statistics.median(busy_s),
-           "bubble": statistics.median(bubbles), "bubble_min": min(bubbles), "bubble_max": max(bubbles),
+           **medians(timed), "bubble_min": min(timed["bubble"]), "bubble_max": max(timed["bubble"]),
            "formula": bubble_fraction(layout.stages, micro), "peak_saved_bytes": meter.peak,
            "first_step_peak_saved_bytes": first.peak,
            "cuda_max_allocated_bytes": (torch.cuda.max_memory_allocated(device)
@@ -113,9 +103,8 @@ def run_config(s: dict, layout: ParallelLayout, rank: int, device: torch.device,
     return row, engine
 
 
-def main() -> None:
-    out_dir, s = Path(sys.argv[1]), json.loads(sys.argv[2])
-    me = rank_from_env(os.environ)
+def measure(s: dict, me: RankInfo, heartbeat) -> dict:
+    """Every (remat, M) configuration on this rank's stage; the rank's result."""
     kind = s["device"] if s["device"] != "auto" else "cuda" if torch.cuda.is_available() else "cpu"
     if kind == "cuda":
         device = torch.device("cuda", me.local_rank)
@@ -132,6 +121,7 @@ def main() -> None:
         for micro in s["microbatches"]:
             if engine is not None:
                 dist.barrier()
+            heartbeat.progress(phase=f"bench remat {'on' if remat else 'off'} M={micro}")
             row, engine = run_config(s, layout, me.rank, device, micro, remat, batch)
             rows.append(row)
             if me.rank == 0:
@@ -139,10 +129,9 @@ def main() -> None:
                       f"stage 0 bubble {row['bubble']:.3f} (formula {row['formula']:.3f})",
                       file=sys.stderr, flush=True)
     engine.shutdown()
-    result = {"rank": me.rank, "size": me.size, "device": str(device),
-              "threads": torch.get_num_threads(), "torch": torch.__version__, "rows": rows}
-    (out_dir / f"rank-{me.rank}.json").write_text(json.dumps(result))
+    return {"rank": me.rank, "size": me.size, "device": str(device),
+            "threads": torch.get_num_threads(), "torch": torch.__version__, "rows": rows}
 
 
 if __name__ == "__main__":
-    main()
+    serve(measure)

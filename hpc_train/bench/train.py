@@ -14,22 +14,27 @@ report.json, report.md, report.png.
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import shutil
 import sys
-import time
 from pathlib import Path
 
 from hpc_train.bench import train_plan, train_report
-from hpc_train.errors import HpcTrainError
+from hpc_train.bench.ranks import run_ranks
+from hpc_train.bench.train_rank import LAUNCH_ENV
+from hpc_train.errors import HpcTrainError, LaunchError
+from hpc_train.job.driver import current_allocation
+from hpc_train.launch.allocation import Allocation
 from hpc_train.parallel.layout import Parallelism
 from hpc_train.rundir import RunPaths
+from hpc_train.train.timing import Stopwatch
 
 DEFAULT_SPEC = "jobs/smoke.yaml"
 PLAN, REPORT_JSON, REPORT_MD, REPORT_PNG, OUTPUT = ("plan.json", "report.json", "report.md",
                                                    "report.png", "bench.out")
-NOT_FOR_THE_BENCH_JOB = ("signal", "requeue", "open-mode")   # it neither checkpoints nor requeues
 CHUNK = 5   # steps of a trainer, then of its bare baseline, in turn: both see the same load
+RANK_MODULE = "hpc_train.bench.train_rank"
 
 
 def matrix_from(args) -> train_plan.Matrix:
@@ -106,32 +111,47 @@ def prepare(args) -> Path:
 
 def submit_job(root: Path, time_limit: str) -> str:
     from hpc_train.slurm import batch
-    from hpc_train.slurm.script import sbatch_options, setup_lines
+    from hpc_train.slurm.options import JobShape, sbatch_options, setup_lines
     from hpc_train.spec import load_spec
 
     spec = load_spec(RunPaths(root).spec)
-    options = {k: v for k, v in sbatch_options(spec, str(root / OUTPUT)).items()
-               if k not in NOT_FOR_THE_BENCH_JOB}
-    options.update({"job-name": f"bench-{spec.run.name}", "time": time_limit})
+    s = spec.slurm     # no stop signal in the shape: the benchmark neither checkpoints nor requeues
+    shape = JobShape(f"bench-{spec.run.name}", str(root / OUTPUT), s.nodes, s.tasks_per_node)
+    options = {**sbatch_options(s, shape), "time": time_limit}
     script = root / "bench.sbatch"
     command = [sys.executable, "-m", "hpc_train", "bench", "train", "--in-run", str(root)]
-    script.write_text(batch.script_text(command, setup_lines(spec),
+    script.write_text(batch.script_text(command, setup_lines(s),
                                         "Written by `python -m hpc_train bench train --submit`."))
     return batch.submit(batch.sbatch_argv(options, script), "the benchmark's job")
 
 
+def run_launches(spec, root: Path, plan: dict) -> None:
+    """Every launch of the plan in its order, each started and supervised as a job's ranks (in
+    this allocation, or on this host); stops at the first that fails, naming the logs. A launch
+    of one rank (the plan has 1 and the whole allocation) runs on the allocation's first slot."""
+    allocation, paths = current_allocation(spec, os.environ), RunPaths(root)
+    first_slot = Allocation(((allocation.host_names[0], 1),))
+    for launch in plan["launches"]:
+        slots = allocation if launch["ranks"] == allocation.world_size else first_slot
+        ended = run_ranks(spec, paths, slots, RANK_MODULE, {LAUNCH_ENV: str(launch["id"])})
+        if ended.failure:
+            raise LaunchError(f"bench train: launch {launch['id']} ({launch['ranks']} rank(s)) "
+                              f"failed ({ended.failure}); see {paths.logs}/rank-*.log")
+        print(f"bench train: launch {launch['id'] + 1}/{len(plan['launches'])} done in "
+              f"{ended.seconds:.0f} s", file=sys.stderr, flush=True)
+
+
 def run_prepared(root: Path) -> dict:
-    """Run every launch of the plan here (in this allocation, or on this host); the report."""
-    from hpc_train.bench.train_launch import run_all
+    """Run every launch of the plan here; the report."""
     from hpc_train.spec import load_spec
 
     plan = json.loads((root / PLAN).read_text())
     spec = load_spec(RunPaths(root).spec)
-    started = time.time()
-    run_all(spec, root, plan)
+    watch = Stopwatch()
+    run_launches(spec, root, plan)
     results = [json.loads(p.read_text()) for p in sorted((root / "results").glob("launch-*/rank-*.json"))]
     report = train_report.build(plan, results)
-    report["settings"]["seconds"] = round(time.time() - started, 1)
+    report["settings"]["seconds"] = round(watch.seconds(), 1)
     (root / REPORT_JSON).write_text(json.dumps(report, indent=1))
     (root / REPORT_MD).write_text(train_report.markdown(report))
     train_report.save_png(report, root / REPORT_PNG)

@@ -21,10 +21,10 @@ import os
 import resource
 import socket
 import sys
-import time
 from pathlib import Path
 
 from hpc_train.rundir import write_atomic
+from hpc_train.train.timing import StepClock, Stopwatch, breakdown
 
 LAUNCH_ENV = "HPC_TRAIN_BENCH_LAUNCH"
 log = logging.getLogger("hpc_train.bench")
@@ -159,7 +159,6 @@ class Bench:
     def build(self, name: str):
         from hpc_train.rundir import RunPaths
         from hpc_train.spec import load_spec
-        from hpc_train.train.timing import StepClock
         from hpc_train.train.trainer import pick_device
 
         config = self.configs[name]
@@ -179,21 +178,19 @@ class Bench:
         run.steps(self.warmup)
         return run, peak_memory(run.device), source
 
-    def result(self, name: str, run, memory: int, source: str, started: float) -> dict:
-        from hpc_train.train.timing import breakdown
-
+    def result(self, name: str, run, memory: int, source: str, watch) -> dict:
         return {"name": name, "recorded": run.recorded(),
                 "steps": [breakdown(marks) for marks in run.clock.seconds()],
                 "peak_memory_bytes": memory, "peak_memory_source": source,
-                "seconds": round(time.perf_counter() - started, 3)}
+                "seconds": round(watch.seconds(), 3)}
 
     def solo(self, name: str) -> list[dict]:
-        started = time.perf_counter()
+        watch = Stopwatch()
         run, memory, source = self.warm(name)
         try:
             run.clock.reset()
             run.steps(self.steps)
-            return [self.result(name, run, memory, source, started)]
+            return [self.result(name, run, memory, source, watch)]
         finally:
             run.close()
             _release(run.device)
@@ -202,7 +199,7 @@ class Bench:
         """The trainer and its bare baseline, their timed steps interleaved in chunks (order
         swapped every chunk). Each one's peak memory is taken while it runs alone: the bare loop
         first (then rebuilt), so neither's figure holds the other's model."""
-        started = time.perf_counter()
+        watch = Stopwatch()
         bare, bare_memory, source = self.warm(bare_name)
         bare.close()
         del bare
@@ -219,8 +216,8 @@ class Bench:
                 for run in (bare, trainer) if swap else (trainer, bare):
                     run.steps(count)
                 done, swap = done + count, not swap
-            return [self.result(trainer_name, trainer, trainer_memory, source, started),
-                    self.result(bare_name, bare, bare_memory, source, started)]
+            return [self.result(trainer_name, trainer, trainer_memory, source, watch),
+                    self.result(bare_name, bare, bare_memory, source, watch)]
         finally:
             trainer.close()
             bare.close()

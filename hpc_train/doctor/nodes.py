@@ -17,6 +17,8 @@ from hpc_train import _proc, scheduler
 from hpc_train.doctor.allocation import DEFAULT_TIMEOUT
 from hpc_train.errors import LaunchError, SubmitError
 from hpc_train.slurm import batch
+from hpc_train.slurm.options import JobShape, sbatch_options
+from hpc_train.spec import Resources
 from hpc_train.spec.values import slurm_time_seconds
 
 DEFAULT_TIME = "5"          # minutes: imports and an MPI start-up, many times over
@@ -58,12 +60,9 @@ def batch_script(python: str, method: str, out_dir: Path, timeout: float) -> str
 
 def sbatch_argv(nodes: int, time_limit: str, mem_mb: int, out_dir: Path, script: Path,
                 partition: str | None) -> list[str]:
-    options = {"job-name": JOB_NAME, "nodes": str(nodes), "ntasks-per-node": "1", "time": time_limit,
-               "mem": f"{mem_mb}M", "output": str(out_dir / OUTPUT), "error": str(out_dir / ERRORS),
-               "chdir": str(Path.cwd())}
-    if partition:
-        options["partition"] = partition
-    return batch.sbatch_argv(options, script)
+    resources = Resources(partition=partition, mem=f"{mem_mb}M", time=time_limit)
+    options = sbatch_options(resources, JobShape(JOB_NAME, str(out_dir / OUTPUT), nodes))
+    return batch.sbatch_argv({**options, "error": str(out_dir / ERRORS), "chdir": str(Path.cwd())}, script)
 
 
 def parse_job_output(text: str) -> dict | None:

@@ -54,34 +54,29 @@ def _tail_lines(path: Path) -> list[str]:
 
 
 def build_status(run_dir: Path, slurm: bool = True, baseline: float | None = None,
-                 stall_minutes: float = 10.0):
+                 quiet_minutes: float = 10.0):
     """One run's RunStatus, with Slurm's live state and a diagnosis when it failed or stalls."""
     from hpc_train import events as ev
-    from hpc_train.inspection import diagnose, logs, runstate, signatures, slurm_state
-    from hpc_train.rundir import read_jsonl
+    from hpc_train.inspection import diagnose, logs, signatures, slurm_state, summary
 
     paths = RunPaths(run_dir)
-    events = ev.read(paths)
-    submission = ev.last_submission(events)
+    run = summary.RunFiles.read(paths)
+    submission = ev.last_submission(run.events)
     live = None
     if slurm and submission and submission[1] == "slurm":
         live = slurm_state.query(submission[0])
-    waiting = []
-    if (live.state if live else ev.state(events)) == "RUNNING":
+    if (live.state if live else ev.state(run.events)) == "RUNNING":
         for path in logs.rank_logs(paths).values():
-            waiting += signatures.missing_ranks(_tail_lines(path))
+            run.waiting_ranks += signatures.missing_ranks(_tail_lines(path))
     now = time.time()
-    status = runstate.summarize(
-        paths, events, read_jsonl(paths.metrics), runstate.read_beats(paths, ev.start_time(events)),
-        runstate.latest_checkpoint(paths), now, live, runstate.read_spec(paths),
-        baseline, stall_minutes * 60, waiting)
+    status = summary.summarize(run, now, live, baseline, quiet_minutes * 60)
     if status.state in _FAILED or status.state == "STOPPED" or not status.health.ok:
         status.diagnosis = diagnose.diagnose(paths, slurm=live, now=now).to_json()
     return status
 
 
 def _status(args: argparse.Namespace) -> int:
-    from hpc_train.inspection import render, runstate
+    from hpc_train.inspection import summary, text
 
     root = Path(args.root)
     if args.all:
@@ -90,16 +85,16 @@ def _status(args: argparse.Namespace) -> int:
         targets = [find_run(t, root) for t in args.targets]
     else:
         raise InspectError("status: give RUN_DIR or JOB_ID, or --all for the runs under --root")
-    baseline = runstate.baseline_per_rank(args.baseline) if args.baseline else None
+    baseline = summary.baseline_per_rank(args.baseline) if args.baseline else None
 
     def show() -> None:
         statuses = [build_status(t, args.slurm, baseline, args.stall_minutes) for t in targets]
         if args.json:
             print(json.dumps({"runs": [s.to_json() for s in statuses]}, indent=1))
         elif args.all:
-            render.print_runs(statuses)
+            text.print_runs(statuses)
         else:
-            render.print_status(statuses)
+            text.print_status(statuses)
 
     if args.watch is None:
         show()
@@ -132,7 +127,7 @@ def _logs(args: argparse.Namespace) -> int:
 
 def _diagnose(args: argparse.Namespace) -> int:
     from hpc_train import events
-    from hpc_train.inspection import diagnose, render, slurm_state
+    from hpc_train.inspection import diagnose, slurm_state, text
 
     paths = RunPaths(find_run(args.run_dir, Path(args.root)))
     job_ids = events.job_ids(events.read(paths))
@@ -141,7 +136,7 @@ def _diagnose(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result.to_json(), indent=1))
     else:
-        print(render.diagnosis_text(result))
+        print(text.diagnosis_text(result))
     return 0
 
 
@@ -156,7 +151,7 @@ def _plot(args: argparse.Namespace) -> int:
 
 def _report(args: argparse.Namespace) -> int:
     from hpc_train.inspection.report import build_report
-    from hpc_train.inspection.report_render import print_report
+    from hpc_train.inspection.report_text import print_report
 
     paths = RunPaths(find_run(args.run_dir, Path(args.root)))
     report = build_report(paths, slurm=args.slurm, plot=args.plot)

@@ -111,7 +111,8 @@ def stop_summary(window: list[dict], ended: RankExit | None) -> dict | None:
     """A run that stopped on purpose, from its events: the ranks' agreed stop (`stop_saved`), a
     stop signal the driver got, an ending the driver counted as a stop; or mpirun reporting
     STOP_EXIT. With the reason, the step saved at, and how the run ended."""
-    saved, asked, end = events.last_stop(window), events.last_stop_request(window), events.ending(window)
+    saved, asked = events.last(window, events.STOP_SAVED), events.last(window, events.STOP_REQUESTED)
+    end = events.ending(window)
     if not (saved or asked or events.ended_by_stop(end) or (ended is not None and ended.stopped)):
         return None
     reason = saved.get("reason") if saved else asked.get("reason") if asked else None
@@ -123,7 +124,7 @@ def stop_summary(window: list[dict], ended: RankExit | None) -> dict | None:
 def recorded_stall(window: list[dict], lines: dict[int, list[Line]], begin: float = 0.0) -> dict | None:
     """The watchdog's last `ranks_stalled` of the run, each rank with the stacks it dumped.
     begin: the run's start; no rank was idle for longer than the run had run."""
-    found = events.last_stall(window)
+    found = events.last(window, events.RANKS_STALLED)
     if found is None:
         return None
     end = events.ending(window)
@@ -211,7 +212,7 @@ def diagnose(paths: RunPaths, run: int | None = None, slurm: SlurmInfo | None = 
     for rank, path in logs.rank_logs(paths).items():
         lines[rank] = list(logs.in_run(logs.read_rank(path, rank), starts, index))
     per_rank = {rank: tracebacks(found) for rank, found in lines.items()}
-    started = events.starts(history)
+    started = events.named(history, events.STARTED)
     job_id = started[index].get("job_id") if index < len(started) else None
     driver = list(_driver_lines(paths, job_id))
     ended = next((e for e in rank_exits(driver) if _exit_in_run(e, starts, index)), None)
@@ -236,7 +237,7 @@ def diagnose(paths: RunPaths, run: int | None = None, slurm: SlurmInfo | None = 
         signatures = [stall_signature(stall)] + [s for s in signatures if s["id"] not in _AFTER_A_STALL]
     stalled = {r for found in lines.values() for r in missing_ranks(line.text for line in found)}
     stalled |= {r["rank"] for r in (stall or {}).get("ranks", []) if isinstance(r.get("rank"), int)}
-    failed_events = events.rank_failures(window)
+    failed_events = events.named(window, events.RANK_FAILED)   # the first is the cause as a rank saw it
     failure = silent or traced
     if failure is not None:
         failure.host = rank_host(lines.get(failure.rank, [])) or (ended.node if ended else None)

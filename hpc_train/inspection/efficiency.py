@@ -86,7 +86,7 @@ def windows_from_sacct(segments: list[Segment]) -> list[Window]:
 def windows_from_events(events: list[dict], cpus: int, gpus: int) -> list[Window]:
     """Without accounting: the driver's `started` events, each ending at its `requeued` or
     `finished` event, else at the run's last record before the next start (None for the last)."""
-    starts = sorted(ev.starts(events), key=lambda e: e["time"])
+    starts = sorted(ev.named(events, ev.STARTED), key=lambda e: e["time"])
     windows = []
     for k, start in enumerate(starts):
         until = starts[k + 1]["time"] if k + 1 < len(starts) else float("inf")
@@ -171,7 +171,7 @@ def checkpoint_time(events: list[dict]) -> tuple[int, float]:
 def samples_trained(events: list[dict], metrics: list[dict]) -> tuple[int, int | None]:
     """(the run's last step, samples per step): useful work, redone steps not counted twice."""
     last = max((s for _, s in _steps(events, metrics)), default=0)
-    started = ev.training_start(events)
+    started = ev.last(events, ev.TRAINING_STARTED)
     return last, (started or {}).get("global_batch")
 
 

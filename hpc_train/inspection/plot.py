@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from hpc_train import events as ev
-from hpc_train.inspection.runstate import THROUGHPUT_FIELDS
+from hpc_train.inspection.summary import THROUGHPUT_FIELDS
 from hpc_train.rundir import RunPaths, read_jsonl
 
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from hpc_train import events as ev
 from hpc_train.inspection import efficiency, sacct
 from hpc_train.inspection.efficiency import Restart, Usage, Window
-from hpc_train.inspection.runstate import read_spec
+from hpc_train.inspection.summary import read_spec
 from hpc_train.rundir import RunPaths, read_jsonl
 
 
@@ -95,7 +95,7 @@ def build_report(paths: RunPaths, slurm: bool = True, now: float | None = None,
                  plot: bool = True) -> Report:
     now = time.time() if now is None else now
     events, metrics, spec = ev.read(paths), read_jsonl(paths.metrics), read_spec(paths)
-    job_ids = ev.job_ids(events) or sorted({e["job_id"] for e in ev.starts(events) if e.get("job_id")})
+    job_ids = ev.job_ids(events) or sorted({e["job_id"] for e in ev.named(events, ev.STARTED) if e.get("job_id")})
     unknown = []
     segments, problem = [], "not asked (--no-slurm)"
     if slurm and (ev.last_submission(events) or ("", "slurm"))[1] == "slurm":

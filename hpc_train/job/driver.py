@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import hpc_train
-from hpc_train import events, scheduler
+from hpc_train import events, run_state, scheduler
 from hpc_train.errors import LaunchError
 from hpc_train.job.requeue import Decision, decide, ending_status, requeue_path
 from hpc_train.job.supervise import StopForwarder, Watch, supervise
@@ -35,7 +35,7 @@ from hpc_train.rundir import RunPaths
 from hpc_train.runtime import environment
 from hpc_train.runtime.netif import ipv4_addresses
 from hpc_train.runtime.stop import DEADLINE_ENV, STALL_ENV, STOP_EXIT
-from hpc_train.spec import JobSpec, load_spec
+from hpc_train.spec import CheckpointSpec, JobSpec, load_spec
 
 log = logging.getLogger("hpc_train.driver")
 WORKER = "hpc_train.job.worker"   # the ranks' entry point (`bench train` starts its own)
@@ -174,16 +174,9 @@ def run_driver(run_dir: str | Path) -> Decision:
         returncode, stall = supervise(process, forwarder, watch)
         if forwarder.reason:
             events.try_record(paths, events.stop_requested(forwarder.reason, "driver signal"))
-        history = events.read(paths)
-        restart = int(environ.get("SLURM_RESTART_COUNT") or 0)
-        decision = decide(
-            returncode, stop_reason=events.stop_reason_since(history, started) or forwarder.reason,
-            restarts=restart, failed_runs=events.failed_runs(history),
-            max_requeues=spec.checkpoint.max_requeues,
-            retries_on_failure=spec.checkpoint.retries_on_failure, can_requeue=under_slurm(environ),
-            driver_signalled=forwarder.reason is not None, stall=stall.why if stall else None)
-        decision = _carry_out(decision, paths, environ, restart, end,
-                              Ended(returncode, round(time.time() - started, 1)))
+        decision = conclude(paths, spec.checkpoint, environ, started, end,
+                            Ended(returncode, round(time.time() - started, 1),
+                                  stall.why if stall else None, forwarder.reason))
     finally:
         forwarder.restore()
     log.info("ranks exited %d: %s (%s)", returncode, decision.action, decision.reason)
@@ -201,21 +194,53 @@ def _record_environment(paths: RunPaths, environ, plan: LaunchPlan, package: Pat
 
 @dataclass(frozen=True)
 class Ended:
-    """How this run's ranks ended: mpirun's exit status, after how long."""
+    """How this run's ranks ended: mpirun's exit status, after how long; why the watchdog tore
+    them down, if it did; the stop signal the driver got and forwarded, if any."""
     returncode: int
     seconds: float
+    stall: str | None = None
+    signal: str | None = None
+
+
+def conclude(paths: RunPaths, checkpoint: CheckpointSpec, environ, started: float,
+             end: float | None, ended: Ended) -> Decision:
+    """Decide from how the ranks ended and the run state (retries spent), then carry it out."""
+    restart = int(environ.get("SLURM_RESTART_COUNT") or 0)
+    # The stop's reason (an event) only words the outcome: the action never depends on events.
+    stop_reason = events.stop_reason_since(events.read(paths), started) or ended.signal
+    decision = decide(ended.returncode, stop_reason=stop_reason, restarts=restart,
+                      failed_runs=run_state.read(paths).failed_runs(),
+                      max_requeues=checkpoint.max_requeues,
+                      retries_on_failure=checkpoint.retries_on_failure,
+                      can_requeue=under_slurm(environ), driver_signalled=ended.signal is not None,
+                      stall=ended.stall)
+    return _carry_out(decision, paths, environ, restart, end, ended)
+
+
+def _count_retry(paths: RunPaths, cause: str | None) -> str | None:
+    """Count a failure's or a stall's retry in the run state before it is taken: None, or why it
+    cannot be (then it is not taken: the job would retry past its budget)."""
+    if cause not in events.FAILURE_CAUSES:
+        return None
+    try:
+        run_state.update(paths, lambda state: state.with_retry(cause))
+    except OSError as exc:
+        return f"the retry could not be counted in {paths.run_state}: {exc}"
+    return None
 
 
 def _carry_out(decision: Decision, paths: RunPaths, environ, restart: int, end: float | None,
                ended: Ended) -> Decision:
-    """Requeue when decided and Slurm agrees; record the outcome that really happens.
+    """Requeue when decided and Slurm agrees (a retry counted first); record what really happens.
     end: the job's planned end, to tell a time limit from a cancel when Slurm ends it."""
     returncode, seconds = ended.returncode, ended.seconds
     if decision.action == "requeue":
         job_id = scheduler.job_ref(environ)   # a sweep member requeues its own task, never the array
         path = requeue_path(scheduler.show_job(job_id), restart)
         detail = "Slurm requeued the job already"
-        if path == "driver":
+        if path != "ending" and (problem := _count_retry(paths, decision.cause)):
+            decision = Decision("failed", f"{decision.reason}; but {problem}")
+        elif path == "driver":
             path, detail = scheduler.requeue(job_id, restart)
             if path is None:
                 decision = Decision("failed", f"{decision.reason}; but scontrol requeue failed: "

@@ -16,7 +16,9 @@ Set HPC_TRAIN_FAULT in the ranks' environment (e.g. through launch.env of a test
                                every thread stopped, heartbeat included, as on a hung node
                                (exit, kill and segv are how a hard exit, an OOM kill and a crash
                                in native code look to the peers and to mpirun)
-Unset (always, outside tests) it does nothing. It never reads files or runs anything.
+Set HPC_TRAIN_FAULT_EVENTS (to anything) in a process, and every event it writes fails with an
+OSError, as on a full disk (events.record): decisions must not depend on the event log.
+Unset (always, outside tests) they do nothing. They never read files or run anything.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import time
 from dataclasses import dataclass
 
 FAULT_ENV = "HPC_TRAIN_FAULT"
+EVENTS_FAULT_ENV = "HPC_TRAIN_FAULT_EVENTS"
 
 
 class InjectedFault(RuntimeError):

@@ -20,13 +20,13 @@ from pathlib import Path
 from hpc_train import events
 from hpc_train.errors import SpecError, SubmitError
 from hpc_train.rundir import RunPaths
-from hpc_train.slurm.script import script_parts
-from hpc_train.slurm.submit import Options, slurm_executor, with_options
+from hpc_train.slurm.options import Options
+from hpc_train.slurm.script import run_options, script_parts
+from hpc_train.slurm.submit import slurm_executor, with_options
 from hpc_train.slurm.submitit_private import script_text, submit_command
 from hpc_train.spec import JobSpec, spec_hash
 
 MEMBER = "-m"     # <prefix>-m<index>: a member's run directory
-_SHARED_EXCEPT = ("output",)   # sbatch options that may differ between members (none really do)
 
 
 @dataclass(frozen=True)
@@ -95,26 +95,22 @@ def member_outputs(prefix: Path) -> Options:
     return {"output": f"{folder}.out", "error": f"{folder}.err"}
 
 
-def _shared_options(specs: dict[int, JobSpec], prefix: Path, python: str) -> dict:
-    """The sbatch options all members agree on; SpecError naming the first member that differs."""
+def _check_shared_options(specs: dict[int, JobSpec]) -> None:
+    """SpecError naming the first member whose sbatch options differ from the first one's."""
     first = min(specs)
-    want = {k: v for k, v in script_parts(specs[first], RunPaths(member_dir(prefix, first)),
-                                          python).options.items() if k not in _SHARED_EXCEPT}
+    want = run_options(specs[first], "")         # the output is each member's own, and only it
     for index, spec in specs.items():
-        got = {k: v for k, v in script_parts(spec, RunPaths(member_dir(prefix, index)),
-                                             python).options.items() if k not in _SHARED_EXCEPT}
-        if got != want:
+        if (got := run_options(spec, "")) != want:
             keys = sorted(k for k in set(got) | set(want) if got.get(k) != want.get(k))
             raise SpecError(f"sweep member {index}: sbatch options {', '.join(keys)} differ from "
                             f"member {first}'s; one job array has one set of options. Fix: set "
                             "run.name and slurm.* for all members, not per member")
-    return want
 
 
 def _array_parts(specs: dict[int, JobSpec], prefix: Path, python: str, parallelism: int,
                  options: Options | None):
     first = min(specs)
-    _shared_options(specs, prefix, python)
+    _check_shared_options(specs)
     parts = script_parts(specs[first], RunPaths(member_dir(prefix, first)), python)
     parts = with_options(parts, {"array": array_range(list(specs), parallelism), **(options or {})})
     return replace(parts, driver=array_driver_command(python, prefix)), first

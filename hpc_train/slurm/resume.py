@@ -15,11 +15,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from hpc_train import events, scheduler
+from hpc_train import events, run_state, scheduler
 from hpc_train.errors import SpecError, SubmitError
 from hpc_train.rundir import RunPaths
+from hpc_train.slurm.options import Options
 from hpc_train.slurm.run_code import CODE_KEEP
-from hpc_train.slurm.submit import Options, Submission, submit
+from hpc_train.slurm.submit import Submission, submit
 from hpc_train.spec import JobSpec, dump_spec_yaml, load_spec, spec_hash, spec_to_dict
 from hpc_train.spec.diff import changed_keys
 
@@ -50,8 +51,10 @@ def prepare_resume(paths: RunPaths, overrides: list[str], allow_spec_change: boo
         if not allow_spec_change:
             raise SpecError(f"--set changes {', '.join(changed)} of {paths.root}; the checkpoints "
                             "were made under the old values. Fix: add --allow-spec-change to accept")
+        # The ranks accept a checkpoint of another spec only with this consent, so it is written
+        # first; the event also serves the ranks of a code snapshot older than the run state.
+        run_state.update(paths, lambda state: state.with_consent(spec_hash(saved), spec_hash(spec)))
         paths.spec.write_text(dump_spec_yaml(spec))
-        # The ranks accept a checkpoint of another spec only with this record of consent.
         events.record(paths, events.spec_change_allowed(spec_hash(saved), spec_hash(spec), changed))
     return spec
 

@@ -1,6 +1,6 @@
-"""What both forms of a run's sbatch script share, made in one place: the sbatch options, the
-setup lines and the driver line. submitit's script (`submit`) and the rendered one (`render`)
-lay them out their own way, but a job of either form runs the same shell.
+"""What both forms of a run's sbatch script share: the sbatch options and setup lines (made by
+slurm/options.py) and the driver line. submitit's script (`submit`) and the rendered one
+(`render`) lay them out their own way, but a job of either form runs the same shell.
 
 The one-driver pattern (docs/architecture.md): Slurm reserves `tasks_per_node` slots per node,
 but the batch script runs one driver process, which starts the ranks with mpirun. `B:` sends the
@@ -14,46 +14,22 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hpc_train.rundir import RunPaths
+from hpc_train.slurm.options import JobShape, Options, sbatch_options, setup_lines
 from hpc_train.spec import JobSpec
 
 
 @dataclass(frozen=True)
 class ScriptParts:
-    options: dict[str, str | bool]   # sbatch options in order; --output is a rendered script's
+    options: Options                 # sbatch options in order; --output is a rendered script's
     setup: list[str]                 # shell lines run before the driver
     driver: str                      # the last line: the driver replaces the batch shell
 
 
-def sbatch_options(spec: JobSpec, output: str) -> dict[str, str | bool]:
-    """Ordered sbatch options (name without `--` -> value, True for a bare flag)."""
+def run_options(spec: JobSpec, output: str) -> Options:
+    """A run's sbatch options: its resources, nodes x ranks, the stop signal and requeue."""
     s = spec.slurm
-    options: dict[str, str | bool] = {
-        "job-name": spec.run.name,
-        "nodes": str(s.nodes),
-        "ntasks-per-node": str(s.tasks_per_node),
-        "cpus-per-task": str(s.cpus_per_task),
-        "time": str(spec.time_minutes),
-        "signal": f"B:USR2@{s.signal_seconds}",
-        "requeue": True,
-        "open-mode": "append",   # a requeued run must not truncate the first run's output
-        "output": output,
-    }
-    if s.gpus_per_node:
-        options["gpus-per-node"] = str(s.gpus_per_node)
-    for name in ("partition", "account", "qos", "constraint", "mem", "mail_type", "mail_user"):
-        if (value := getattr(s, name)) is not None:
-            options[name.replace("_", "-")] = value
-    for name, value in s.extra.items():
-        options[name] = value if value != "" else True
-    return options
-
-
-def setup_lines(spec: JobSpec) -> list[str]:
-    """Site profile first (sourced), then the spec's own lines: both are the user's shell."""
-    lines = []
-    if spec.slurm.site_profile:
-        lines.append(f"source {shlex.quote(str(Path(spec.slurm.site_profile).resolve()))}")
-    return lines + list(spec.slurm.setup)
+    return sbatch_options(s, JobShape(spec.run.name, output, s.nodes, s.tasks_per_node,
+                                      s.signal_seconds))
 
 
 def code_assignments(code: Path) -> str:
@@ -74,5 +50,5 @@ def driver_command(python: str, run_dir: Path, code: Path | None = None) -> str:
 
 
 def script_parts(spec: JobSpec, paths: RunPaths, python: str, code: Path | None = None) -> ScriptParts:
-    return ScriptParts(sbatch_options(spec, output=str(paths.slurm_output())), setup_lines(spec),
+    return ScriptParts(run_options(spec, str(paths.slurm_output())), setup_lines(spec.slurm),
                        driver_command(python, paths.root, code))

@@ -18,8 +18,9 @@ from typing import Any
 from hpc_train import events, scheduler
 from hpc_train.errors import SlurmUnavailable, SpecError, SubmitError
 from hpc_train.rundir import RunPaths
+from hpc_train.slurm.options import Options, setup_lines, submitit_parameters
 from hpc_train.slurm.run_code import CODE_NEW, attach_code, take_snapshot
-from hpc_train.slurm.script import ScriptParts, code_assignments, script_parts, setup_lines
+from hpc_train.slurm.script import ScriptParts, code_assignments, script_parts
 from hpc_train.slurm.submitit_private import script_text, submit_command
 from hpc_train.spec import JobSpec, dump_spec_yaml, spec_hash
 
@@ -31,20 +32,6 @@ class Submission:
     executor: str          # "slurm" or "local"
     script: str            # the sbatch script ("" for the local executor)
     job: Any = field(default=None, compare=False, repr=False)  # submitit's Job (wait on a local one)
-
-
-Options = dict[str, "str | bool"]   # sbatch option name (no --) -> value, True for a bare flag
-
-
-def submitit_options(parts: ScriptParts) -> dict[str, str | bool]:
-    """Our sbatch options as submitit's `additional_parameters`, which replace its own.
-
-    submitit spells option keys with underscores (and turns them into dashes); ours must use
-    the same keys to replace its values instead of adding a second, conflicting line. It sets
-    --output/--error (its log files: the driver's output) and --open-mode=append itself.
-    """
-    return {name.replace("-", "_"): value for name, value in parts.options.items()
-            if name not in ("output", "open-mode")}
 
 
 def with_options(parts: ScriptParts, options: Options | None) -> ScriptParts:
@@ -62,7 +49,8 @@ def slurm_executor(paths: RunPaths, parts: ScriptParts, outputs: Options | None 
     # line replaces; the driver requeues the job itself (job/requeue.py).
     executor = submitit.SlurmExecutor(folder=paths.submitit)
     executor.update_parameters(use_srun=False, setup=parts.setup,
-                               additional_parameters={**submitit_options(parts), **(outputs or {})})
+                               additional_parameters={**submitit_parameters(parts.options),
+                                                      **(outputs or {})})
     return executor
 
 
@@ -71,10 +59,10 @@ def local_executor(spec: JobSpec, paths: RunPaths, python: str, code: Path | Non
 
     # No `exec` here: the local controller runs the command without a shell. The snapshot's
     # variables go last in the setup lines, which the controller and its task inherit.
-    setup = setup_lines(spec) + ([f"export {code_assignments(code)}"] if code else [])
+    setup = setup_lines(spec.slurm) + ([f"export {code_assignments(code)}"] if code else [])
     executor = submitit.LocalExecutor(folder=paths.submitit, python=shlex.quote(python),
                                       max_num_timeout=spec.checkpoint.max_requeues)
-    executor.update_parameters(timeout_min=spec.time_minutes, tasks_per_node=1,
+    executor.update_parameters(timeout_min=spec.slurm.time_minutes, tasks_per_node=1,
                                signal_delay_s=spec.slurm.signal_seconds, setup=setup)
     return executor
 

@@ -9,14 +9,14 @@ from hpc_train.spec.load import build_spec, load_spec, spec_from_dict, validate_
 from hpc_train.spec.problems import Problem, SpecInvalid
 from hpc_train.spec.rules import check_spec
 from hpc_train.spec.schema import (CheckpointSpec, DataSpec, JobSpec, LaunchSpec, LogSpec,
-                                   ModelSpec, OptimSpec, ParallelSpec, PrecisionSpec, RunSpec,
-                                   SlurmSpec)
+                                   ModelSpec, OptimSpec, ParallelSpec, PrecisionSpec, Resources,
+                                   RunSpec, SlurmSpec)
 from hpc_train.spec.serialize import describe_spec, dump_spec_yaml, spec_hash, spec_to_dict
 from hpc_train.spec.values import slurm_time_seconds
 
 __all__ = [
     "load_spec", "validate_spec_file", "spec_from_dict", "build_spec", "check_spec",
     "spec_to_dict", "spec_hash", "dump_spec_yaml", "describe_spec", "slurm_time_seconds", "Problem", "SpecInvalid",
-    "JobSpec", "RunSpec", "SlurmSpec", "LaunchSpec", "DataSpec", "ModelSpec", "OptimSpec",
+    "JobSpec", "RunSpec", "SlurmSpec", "Resources", "LaunchSpec", "DataSpec", "ModelSpec", "OptimSpec",
     "PrecisionSpec", "ParallelSpec", "CheckpointSpec", "LogSpec",
 ]

@@ -3,7 +3,8 @@
 `data.num_classes` used to be the gpt vocabulary size too; token data (text, tokens) now has
 `data.vocab_size`. The old key is moved to the new one before the schema is walked, so the
 resolved spec, its dump and its hash hold the new key only, and a problem with the moved value
-names both keys: the user looks for the one in the file.
+names both keys: the user looks for the one in the file. A workflow stage's `slurm.cpus` and
+`slurm.gpus` are moved the same way (`rename_key`, from workflow/load.py) to the job spec's names.
 """
 
 from __future__ import annotations
@@ -14,21 +15,30 @@ from hpc_train.spec.problems import Problem, show
 from hpc_train.spec.schema import TOKEN_KINDS
 
 
+def rename_key(section: dict, old: str, new: str, prefix: str, rule: str,
+               context: str = "") -> tuple[dict, dict[str, str], list[Problem]]:
+    """(section with `old` moved to `new` when only `old` is given, {new key: old key}, its
+    warning), `section` unchanged. prefix: the section's path ("data."); context: after the value."""
+    if old not in section or new in section:
+        return section, {}, []
+    moved = {**{k: v for k, v in section.items() if k != old}, new: section[old]}
+    warning = Problem(prefix + old, show(section[old]) + context, rule, f"rename it to {prefix + new}",
+                      severity="warning")
+    return moved, {prefix + new: prefix + old}, [warning]
+
+
 def move_deprecated_keys(data: dict) -> tuple[dict, dict[str, str], list[Problem]]:
     """(data with old keys moved, {new key: old key} for each move, warnings); `data` itself is
     not changed. With both keys given, nothing moves: num_classes is then the image setting,
     unused by token data (as a dumped resolved spec has it)."""
     section = data.get("data")
-    if not (isinstance(section, dict) and section.get("kind") in TOKEN_KINDS
-            and "num_classes" in section and "vocab_size" not in section):
+    if not (isinstance(section, dict) and section.get("kind") in TOKEN_KINDS):
         return data, {}, []
-    moved = dict(section)
-    moved["vocab_size"] = moved.pop("num_classes")
-    warning = Problem("data.num_classes", f"{show(moved['vocab_size'])} with data.kind "
-                      f"{section['kind']!r}", "deprecated for token data, whose vocabulary "
-                      "size is data.vocab_size (read as that for now)",
-                      "rename it to data.vocab_size", severity="warning")
-    return {**data, "data": moved}, {"data.vocab_size": "data.num_classes"}, [warning]
+    moved, renamed, warnings = rename_key(
+        section, "num_classes", "vocab_size", "data.", "deprecated for token data, whose "
+        "vocabulary size is data.vocab_size (read as that for now)",
+        f" with data.kind {section['kind']!r}")
+    return {**data, "data": moved}, renamed, warnings
 
 
 def name_written_keys(problems: list[Problem], moved: dict[str, str]) -> list[Problem]:

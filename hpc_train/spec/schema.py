@@ -53,11 +53,11 @@ class RunSpec:
 
 
 @dataclass(frozen=True)
-class SlurmSpec:
+class Resources:
+    """What one batch job asks Slurm for, and the shell it runs first: a workflow stage's
+    `slurm:`; a job spec's adds the job's shape (SlurmSpec). Options: slurm/options.py."""
     partition: Optional[str] = spec_field(None, doc="partition; None = the site default",
                                           check=values.check_slurm_name, example="gpu")
-    nodes: int = spec_field(1, doc="number of nodes", ge=1)
-    tasks_per_node: int = spec_field(1, doc="ranks per node (one per GPU on GPU jobs)", ge=1)
     gpus_per_node: int = spec_field(0, doc="GPUs per node; 0 = a CPU job", ge=0)
     cpus_per_task: int = spec_field(1, doc="CPU cores per rank (data workers live here)", ge=1)
     mem: Optional[str] = spec_field(None, doc='memory per node: "16G", "4000M", "0" = all',
@@ -75,17 +75,32 @@ class SlurmSpec:
         "(sbatch --mail-type)", check=values.check_mail_type, example="END,FAIL")
     mail_user: Optional[str] = spec_field(None, doc="who Slurm mails (sbatch --mail-user)",
                                           check=values.check_mail_user, example="me@example.org")
-    # Slurm delivers the signal with up to a minute of slack; 65535 is Slurm's own maximum.
-    signal_seconds: int = spec_field(120, doc="seconds before the limit that USR2 is sent",
-                                     ge=1, le=65535)
     extra: dict[str, str] = spec_field(
         doc='more sbatch options, name (no --) -> value; "" for a flag without value',
         factory=dict, key_check=values.check_sbatch_option, each=values.check_argument)
     # Shell by design: the user's own module loads and exports, run as written.
-    setup: list[str] = spec_field(doc="shell lines run before the driver (module load ...)",
+    setup: list[str] = spec_field(doc="shell lines run before the job's command (module load ...)",
                                   factory=list)
-    site_profile: Optional[str] = spec_field(None, doc="site profile file (cluster defaults)",
-                                             check=values.check_path, example="env/site.yaml")
+    site_profile: Optional[str] = spec_field(None, doc="site profile file, sourced before setup",
+                                             check=values.check_path, example="env/site.sh")
+
+    @property
+    def time_minutes(self) -> int:
+        """The limit as Slurm enforces it: whole minutes (Slurm rounds seconds up)."""
+        seconds = values.slurm_time_seconds(self.time)
+        if seconds is None:  # only reachable for a value built by hand, not loaded
+            raise ValueError(f"slurm.time {self.time!r} is not a Slurm time")
+        return math.ceil(seconds / 60)
+
+
+@dataclass(frozen=True)
+class SlurmSpec(Resources):
+    """A job spec's `slurm:`: the resources, the job's shape and its stop signal."""
+    nodes: int = spec_field(1, doc="number of nodes", ge=1)
+    tasks_per_node: int = spec_field(1, doc="ranks per node (one per GPU on GPU jobs)", ge=1)
+    # Slurm delivers the signal with up to a minute of slack; 65535 is Slurm's own maximum.
+    signal_seconds: int = spec_field(120, doc="seconds before the limit that USR2 is sent",
+                                     ge=1, le=65535)
 
 
 @dataclass(frozen=True)
@@ -346,15 +361,8 @@ class JobSpec:
 
     @property
     def time_seconds(self) -> int:
-        """The limit as Slurm enforces it: whole minutes (Slurm rounds seconds up)."""
-        return self.time_minutes * 60
-
-    @property
-    def time_minutes(self) -> int:
-        seconds = values.slurm_time_seconds(self.slurm.time)
-        if seconds is None:  # only reachable for a JobSpec built by hand, not loaded
-            raise ValueError(f"slurm.time {self.slurm.time!r} is not a Slurm time")
-        return math.ceil(seconds / 60)
+        """The limit as Slurm enforces it (whole minutes: Resources.time_minutes)."""
+        return self.slurm.time_minutes * 60
 
     @property
     def uses_gpu(self) -> bool:

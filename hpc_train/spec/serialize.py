@@ -55,6 +55,6 @@ def describe_spec(spec: JobSpec) -> str:
         f"scaled LR:    {spec.scaled_lr:g} (base {spec.optim.base_lr:g} per 256 samples)",
         f"precision:    {spec.precision.mode}",
         f"backend:      {spec.parallel.backend}",
-        f"time limit:   {slurm.time} ({spec.time_minutes} min)",
+        f"time limit:   {slurm.time} ({slurm.time_minutes} min)",
         f"spec hash:    {spec_hash(spec)[:16]}",
     ])

@@ -19,7 +19,7 @@ import time
 
 import torch
 
-from hpc_train import events
+from hpc_train import events, run_state
 from hpc_train.checkpoint.manager import CheckpointManager
 from hpc_train.checkpoint.snapshot import HostSnapshot
 from hpc_train.checkpoint.writer import BackgroundWriter, guard_forks
@@ -68,8 +68,7 @@ class Checkpointing:
             guard_forks(self.writer)
 
     def _spec_change_allowed(self, saved_hash: str | None) -> bool:
-        return events.spec_change_allowed_between(events.read(self.paths), saved_hash,
-                                                  self.hash)
+        return run_state.read(self.paths).allows(saved_hash, self.hash)
 
     def resume(self) -> bool:
         """Load the newest complete checkpoint that loads on every rank, if any.

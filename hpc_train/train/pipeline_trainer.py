@@ -19,7 +19,7 @@ from hpc_train.models.gpt import lm_loss
 from hpc_train.parallel.data_parallel import init_torch_distributed
 from hpc_train.parallel.pipeline.engine import PipelineConfig, PipelineEngine
 from hpc_train.parallel.pipeline.scaler import AgreedLossScaler
-from hpc_train import events
+from hpc_train import events, run_state
 from hpc_train.train.optim import build_optimizer
 from hpc_train.train.state import CheckpointedState
 
@@ -71,7 +71,7 @@ class PipelineParts:
         torch.manual_seed(spec.run.seed)   # every rank builds the same full model, keeps a stage
         full = build_model("gpt", spec.data.vocab_size, spec.model.options, seq_len=spec.data.seq_len)
         balance = pipe.balance if isinstance(pipe.balance, str) else tuple(pipe.balance)
-        earlier = events.first_pipeline_cut(events.read(paths)) if balance == "time" else None
+        earlier = run_state.read(paths).pipeline_cut if balance == "time" else None
         if earlier:
             # A requeued job keeps its first timed cut: its checkpoints hold those stages, and
             # a new timing (other node, other load) may cut elsewhere.
@@ -89,7 +89,8 @@ class PipelineParts:
         self.model = self.engine.module
         self.optimizer = build_optimizer(spec.optim, self.engine.parameters(), lr=spec.scaled_lr)
         if identity.is_main and not earlier:
-            events.record(paths, events.pipeline_cut(list(self.engine.sizes), pipe.balance))
+            run_state.update(paths, lambda state: state.with_pipeline_cut(self.engine.sizes))
+            events.try_record(paths, events.pipeline_cut(list(self.engine.sizes), pipe.balance))
         if identity.is_main:
             log.info("pipeline: %d stages x %d replicas, blocks per stage %s, %s, %d micro-batches%s",
                      pipe.stages, self.layout.replicas, self.engine.sizes, pipe.schedule,

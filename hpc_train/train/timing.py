@@ -1,4 +1,8 @@
-"""Where a training step's time goes: named marks at the step's boundaries, read afterwards.
+"""How time is measured: one stopwatch and the median of rounds for every benchmark, and where
+a training step's time goes (named marks at the step's boundaries, read afterwards).
+
+The stopwatch reads perf_counter(); on a GPU it first waits for the work queued on the device
+(a kernel runs after the Python call that queued it returns), so a reading covers the work.
 
 Training uses NO_CLOCK, whose marks do nothing. `bench train` gives the trainer a StepClock: on
 a CPU a mark reads perf_counter(); on a GPU it records a CUDA event on the current stream and
@@ -22,12 +26,58 @@ reduced, since its reductions run in a background thread while backward computes
 
 from __future__ import annotations
 
+import statistics
 import time
-from typing import Callable
+from typing import Callable, Mapping
 
 # No torch at import: the report (bench/train_report.py) reads PARTS and `breakdown` on hosts
 # without it. The clock imports torch when it is used, inside a rank.
 PARTS = ("data", "compute", "comm", "optimizer", "other")
+
+
+def _no_wait() -> None:
+    pass
+
+
+class Stopwatch:
+    """Seconds since it was started. Given a CUDA device, it waits for the device's queued
+    work before it starts and before each reading: the time is the work's, not its queueing."""
+
+    def __init__(self, device=None):
+        self.wait = _no_wait
+        if device is not None and device.type == "cuda":
+            import torch
+
+            self.wait = lambda: torch.cuda.synchronize(device)
+        self.wait()
+        self.started = time.perf_counter()
+
+    def seconds(self) -> float:
+        self.wait()
+        return time.perf_counter() - self.started
+
+
+def time_it(action: Callable[[], object], device=None) -> float:
+    """Seconds one call of `action` takes (on `device`: until its queued work is done)."""
+    watch = Stopwatch(device)
+    action()
+    return watch.seconds()
+
+
+def repeat(action: Callable[[], object], times: int, device=None,
+           before: Callable[[], object] = _no_wait) -> list[float]:
+    """Seconds of each of `times` calls of `action`; `before` runs untimed ahead of each (a
+    barrier, so that every rank starts the clock together)."""
+    seconds = []
+    for _ in range(times):
+        before()
+        seconds.append(time_it(action, device))
+    return seconds
+
+
+def medians(rounds: Mapping[str, list[float]]) -> dict[str, float]:
+    """The median of each name's rounds: load that hits one round does not move the figure."""
+    return {name: statistics.median(values) for name, values in rounds.items()}
 
 
 class NullClock:

@@ -55,7 +55,7 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
-    from hpc_train.workflow.render import print_status
+    from hpc_train.workflow.text import print_status
     from hpc_train.workflow.status import collect
 
     status = collect(args.dir, slurm=args.slurm)

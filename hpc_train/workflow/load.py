@@ -1,9 +1,9 @@
 """Workflow file (+ --set STAGE.KEY=VALUE) -> Workflow, strictly: every problem, one line each.
 
 Order: read the YAML as a job spec is read (spec.yaml_io: no tags, no base-60, no duplicate
-keys) -> apply --set -> build each part with the spec machinery (unknown keys, types, limits)
--> the rules between stages (checks.py). Problems are spec.Problem, raised together as
-SpecInvalid (exit 2); nothing is created or submitted by any of this.
+keys) -> apply --set -> old slurm key names moved -> build each part with the spec machinery
+(unknown keys, types, limits) -> the rules between stages (checks.py). Problems are
+spec.Problem, raised together as SpecInvalid (exit 2); nothing is created or submitted.
 
 `--set STAGE.KEY=VALUE` sets a key of the stage; for a train stage, a key of its job spec
 (`--set train.optim.epochs=1`, as if written under the stage's `set:`).
@@ -19,16 +19,19 @@ from typing import Any
 
 import yaml
 
+from hpc_train.spec import Resources
 from hpc_train.spec.coerce import INVALID
+from hpc_train.spec.deprecated import name_written_keys, rename_key
 from hpc_train.spec.load import build_dataclass
 from hpc_train.spec.overrides import FROM_SET
 from hpc_train.spec.problems import Problem, SpecInvalid, show, value_problem
 from hpc_train.spec.yaml_io import parse_yaml, read_spec_file, yaml_error_line
 from hpc_train.workflow import checks
-from hpc_train.workflow.schema import (KINDS, StageSlurm, SweepSpec, TrainStage, Workflow,
-                                       WorkflowHead, check_stage_name)
+from hpc_train.workflow.schema import (KINDS, OLD_STAGE_KEYS, STAGE_DEFAULTS, SweepSpec,
+                                       TrainStage, Workflow, WorkflowHead, check_stage_name)
 
 _TRAIN_KEYS = {f.name for f in dataclasses.fields(TrainStage)}
+_OLD_RULE = "deprecated: a stage's slurm keys are the job spec's (read as {} for now)"
 
 
 def load_workflow(path: str | Path, overrides: list[str] = ()) -> Workflow:
@@ -54,21 +57,26 @@ def _about_workflows(problem: Problem) -> Problem:
 
 def workflow_from_dict(data: dict, overrides: list[str] = ()) -> Workflow:
     merged, problems = apply_overrides(data, overrides)
+    moved, warnings = move_old_keys(merged)
     workflow = build(merged, problems)
     if workflow is not None:
         problems += checks.check(workflow)
     if problems:
-        raise SpecInvalid(_unique(problems))
-    return workflow
+        raise SpecInvalid(list(dict.fromkeys(name_written_keys(problems, moved))))   # each once
+    return dataclasses.replace(workflow, warnings=warnings)
 
 
-def _unique(problems: list[Problem]) -> list[Problem]:
-    seen, out = set(), []
-    for p in problems:
-        if str(p) not in seen:
-            seen.add(str(p))
-            out.append(p)
-    return out
+def move_old_keys(data: dict) -> tuple[dict[str, str], list[Problem]]:
+    """Moves the stages' old slurm key names in `data` to the job spec's: ({new: old}, warnings)."""
+    stages = data.get("stages") if isinstance(data.get("stages"), dict) else {}
+    holders = {"slurm.": data, **{f"stages.{n}.slurm.": raw for n, raw in stages.items() if isinstance(raw, dict)}}
+    moved, warnings = {}, []
+    for prefix, holder in holders.items():
+        for old, new in OLD_STAGE_KEYS.items() if isinstance(holder.get("slurm"), dict) else ():
+            holder["slurm"], names, found = rename_key(holder["slurm"], old, new, prefix, _OLD_RULE.format(new))
+            moved.update(names)
+            warnings += found
+    return moved, warnings
 
 
 # -- --set -------------------------------------------------------------------------------------
@@ -148,7 +156,7 @@ def build(data: dict, problems: list[Problem]) -> Workflow | None:
     head = build_dataclass(WorkflowHead, data, "", problems)
     if head is INVALID:
         return None
-    defaults = build_dataclass(StageSlurm, head.slurm, "slurm.", problems)
+    defaults = build_dataclass(Resources, {**STAGE_DEFAULTS, **head.slurm}, "slurm.", problems)
     if not head.stages:
         problems.append(Problem("stages", None, "a workflow needs at least one stage",
                                 "add stages, as in workflows/smoke.yaml"))
@@ -210,7 +218,7 @@ def _section(cls: type, raw: Any, key: str, problems: list[Problem]):
 
 def _slurm(defaults, raw: Any, key: str, problems: list[Problem]):
     """The workflow's slurm defaults with the stage's own keys over them."""
-    own = _section(StageSlurm, raw, key, problems)
+    own = _section(Resources, raw, key, problems)
     if own is INVALID or defaults is INVALID:
         return INVALID
     return dataclasses.replace(defaults, **{name: getattr(own, name) for name in (raw or {})})

@@ -18,7 +18,6 @@ from hpc_train.rundir import RunPaths
 from hpc_train.slurm.resume import resume_run
 from hpc_train.slurm.submit import submit
 from hpc_train.spec import dump_spec_yaml
-from hpc_train.spec.values import slurm_time_seconds
 from hpc_train.workflow import events, verify
 from hpc_train.workflow.paths import link
 from hpc_train.workflow.plan import Plan, StagePlan
@@ -65,7 +64,7 @@ def _run(plan: Plan, stage: StagePlan, again: Again | None) -> tuple[str, str]:
         part = None if job.part == "main" else job.part
         script = paths.script(stage.name, part)
         script.write_text(render(job, None))
-        limit = slurm_time_seconds(job.slurm.time) or 60
+        limit = job.slurm.time_minutes * 60           # as Slurm enforces it
         for task in (range(job.tasks) if job.tasks > 1 else [None]):
             output = paths.local_output(stage.name, part, task)
             with open(output, "ab") as out:

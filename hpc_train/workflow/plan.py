@@ -10,12 +10,12 @@ train stage's job spec come back with the stage's key: `stages.train.set.optim.b
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from hpc_train.rundir import RunPaths
 from hpc_train.slurm.array import member_dir, new_prefix
-from hpc_train.spec import JobSpec, Problem, SpecInvalid, validate_spec_file
+from hpc_train.spec import JobSpec, Problem, Resources, SpecInvalid, validate_spec_file
 from hpc_train.spec.overrides import FROM_SET
 from hpc_train.spec.paths import resolve_paths
 from hpc_train.workflow import graph, refs
@@ -100,16 +100,15 @@ def make_plan(workflow: Workflow, paths: WorkflowPaths, dirs, cwd: Path | None =
     """Raises SpecInvalid with every problem of every train stage's job spec."""
     cwd = Path(cwd or Path.cwd())
     needs = {name: s.needs for name, s in workflow.stages.items()}
-    plan = Plan(workflow, paths, needs, graph.order(needs), {}, cwd)
+    plan = Plan(workflow, paths, needs, graph.order(needs), {}, cwd, list(workflow.warnings))
     known: dict[refs.Ref, refs.Value] = {refs.Ref("workflow", "dir"): refs.literal(str(paths.root)),
                                          refs.Ref("workflow", "name"): refs.literal(workflow.name)}
     problems: list[Problem] = []
     for name in plan.order:
         if any(ref not in known for ref in _references(workflow.stages[name])):
             continue                   # a stage before it could not be planned: reported there
-        planner = _Planner(workflow, paths, name, known, cwd, python)
-        stage_plan = planner.train(dirs, problems, plan.warnings) if workflow.stages[name].kind == "train" \
-            else planner.jobs()
+        planner = _Planner(workflow, paths, name, known, cwd, python, dirs, problems, plan.warnings)
+        stage_plan = PLAN_OF_KIND[workflow.stages[name].kind](planner)
         if stage_plan is None:
             continue
         plan.stages[name] = stage_plan
@@ -127,6 +126,9 @@ class _Planner:
     known: dict
     cwd: Path
     python: str
+    dirs: PlannedDirs | NewDirs | RecordedDirs
+    problems: list[Problem]           # a train stage's job spec problems, of every stage
+    warnings: list[Problem]
 
     @property
     def stage(self):
@@ -149,19 +151,22 @@ class _Planner:
         return [w if isinstance(w, tuple) else refs.literal(str(w)) for w in words]
 
     def job(self, part: str, lines: list, marker: refs.Value | None, tasks: int = 1) -> StageJob:
-        return StageJob(self.workflow.name, self.name, self.stage.kind, part,
-                        self.workflow.slurm[self.name], self.paths.output(self.name, tasks > 1),
-                        lines, marker, tasks, str(self.paths.root), self.python)
+        return StageJob(self.workflow.name, self.name, self.stage.kind, part, self.resources(),
+                        self.paths.output(self.name, tasks > 1), lines, marker, tasks,
+                        str(self.paths.root), self.python)
+
+    def resources(self) -> Resources:
+        """The stage's resources; a relative site profile is the submit directory's, as in a spec."""
+        slurm = self.workflow.slurm[self.name]
+        profile = slurm.site_profile and str(self.cwd / Path(slurm.site_profile).expanduser())
+        return replace(slurm, site_profile=profile)
 
     def marker(self) -> refs.Value:
         return refs.literal(str(self.paths.marker(self.name)))
 
-    # -- kinds ------------------------------------------------------------------------------
+    # -- kinds (PLAN_OF_KIND) -----------------------------------------------------------------
 
-    def jobs(self) -> StagePlan:
-        return getattr(self, "_" + self.stage.kind)()
-
-    def _shard(self) -> StagePlan:
+    def shard_jobs(self) -> StagePlan:
         s = self.stage
         src, out = self.path(s.src), self.path(s.out)
         split_dir = refs.join([*out, f"/{s.split}"])
@@ -188,7 +193,7 @@ class _Planner:
                    "manifest": refs.join([*split_dir, "/manifest.json"])}
         return StagePlan(self.name, s, outputs, jobs)
 
-    def _evaluate(self) -> StagePlan:
+    def evaluate_jobs(self) -> StagePlan:
         s = self.stage
         run_dir = self.path(s.run_dir)
         words = ["evaluate", run_dir, "--split", s.split]
@@ -199,7 +204,7 @@ class _Planner:
         line = self.command(self.python, "-m", "hpc_train", *words)
         return StagePlan(self.name, s, {"run_dir": run_dir}, [self.job("main", [line], self.marker())])
 
-    def _export(self) -> StagePlan:
+    def export_jobs(self) -> StagePlan:
         s = self.stage
         run_dir = self.path(s.run_dir)
         output = self.path(s.output) or refs.literal(str(self.paths.root / f"{self.name}.pt"))
@@ -209,7 +214,7 @@ class _Planner:
         line = self.command(self.python, "-m", "hpc_train", *words)
         return StagePlan(self.name, s, {"output": output}, [self.job("main", [line], self.marker())])
 
-    def _command(self) -> StagePlan:
+    def command_jobs(self) -> StagePlan:
         s = self.stage
         used = {ref: self.known[ref] for ref in refs.references(s.run)}
         marker = self.marker() if s.tasks == 1 else \
@@ -217,7 +222,7 @@ class _Planner:
         job = self.job("main", [Shell(s.run, used)], marker, s.tasks)
         return StagePlan(self.name, s, {"dir": refs.literal(str(self.paths.stage_dir(self.name)))}, [job])
 
-    def train(self, dirs, problems: list[Problem], warnings: list[Problem]) -> StagePlan | None:
+    def train_runs(self) -> StagePlan | None:
         s: TrainStage = self.stage
         spec_file = refs.known_text(self.path(s.spec))
         shared = as_overrides({k: _known(v, self.known) for k, v in s.set.items()})
@@ -228,21 +233,27 @@ class _Planner:
             try:
                 spec, found = validate_spec_file(spec_file, shared + as_overrides(own))
             except SpecInvalid as exc:
-                problems += [_rekey(p, self.name, s.spec, set(s.set), own, index if s.sweep else None)
-                             for p in exc.problems]
+                self.problems += [_rekey(p, self.name, s.spec, set(s.set), own,
+                                         index if s.sweep else None) for p in exc.problems]
                 continue
-            warnings += [_rekey(p, self.name, s.spec, set(s.set), own, None) for p in found]
+            self.warnings += [_rekey(p, self.name, s.spec, set(s.set), own, None) for p in found]
             specs[index], values[index] = resolve_paths(spec, self.cwd), own
         if len(specs) < len(member_values):
             return None
         if s.sweep:
-            prefix = dirs.prefix(self.name, specs[0], len(specs))
+            prefix = self.dirs.prefix(self.name, specs[0], len(specs))
             run_dirs = {i: member_dir(prefix, i) for i in specs}
             outputs = {refs.BEST: (refs.Best(self.name),)}
         else:
-            prefix, run_dirs = None, {0: dirs.run_dir(self.name, specs[0])}
+            prefix, run_dirs = None, {0: self.dirs.run_dir(self.name, specs[0])}
             outputs = {"run_dir": refs.literal(str(run_dirs[0]))}
         return StagePlan(self.name, s, outputs, train=TrainPlan(spec_file, specs, run_dirs, values, prefix))
+
+
+# A stage's kind -> the planner's method that plans it.
+PLAN_OF_KIND = {"shard": _Planner.shard_jobs, "train": _Planner.train_runs,
+                "evaluate": _Planner.evaluate_jobs, "export": _Planner.export_jobs,
+                "command": _Planner.command_jobs}
 
 
 def _references(stage: Stage) -> list[refs.Ref]:

@@ -19,7 +19,7 @@ from hpc_train.workflow import events, local, resolved
 from hpc_train.workflow.load import load_workflow
 from hpc_train.workflow.paths import WorkflowPaths
 from hpc_train.workflow.plan import NewDirs, Plan, PlannedDirs, make_plan
-from hpc_train.workflow.render import graph_text
+from hpc_train.workflow.text import graph_text
 from hpc_train.workflow.script import dependency_options, render
 from hpc_train.workflow.submit import Submitted, stage_dependency, submit_stages
 

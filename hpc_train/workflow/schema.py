@@ -10,16 +10,17 @@
               set: {data.path: "{shard_train.out}"}}
 
 A stage's kind picks its dataclass (KINDS). Train stages take their resources from their job
-spec; the other kinds run one small job each (StageSlurm), a shard stage an array of them.
+spec; the other kinds run one small job each, a shard stage an array of them, with a `slurm:`
+section of the same keys (spec.Resources: one task on one node).
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal, Optional
 
-from hpc_train.spec import values
+from hpc_train.spec import Problem, Resources, values
 from hpc_train.spec.schema import spec_field
 
 STAGE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,39}")
@@ -55,28 +56,8 @@ def check_spec_key(text: str):
             "write e.g. optim.base_lr")
 
 
-@dataclass(frozen=True)
-class StageSlurm:
-    """Resources of a stage's own job: one task (an array of them for `tasks` > 1)."""
-    partition: Optional[str] = spec_field(None, doc="partition; None = the site default",
-                                          check=values.check_slurm_name, example="cpu")
-    account: Optional[str] = spec_field(None, doc="account to charge", check=values.check_slurm_name,
-                                        example="myproject")
-    qos: Optional[str] = spec_field(None, doc="quality of service", check=values.check_slurm_name,
-                                    example="normal")
-    constraint: Optional[str] = spec_field(None, doc="node features", check=values.check_slurm_name,
-                                           example="a100")
-    time: str = spec_field("00:30:00", doc="time limit of each job of the stage",
-                           check=values.check_slurm_time, example='"00:30:00"')
-    cpus: int = spec_field(1, doc="CPU cores of the job (its --cpus-per-task)", ge=1)
-    mem: Optional[str] = spec_field("4G", doc='memory of the job: "4G", "0" = all; null = the '
-                                    "site default", check=values.check_memory, example='"4G"')
-    gpus: int = spec_field(0, doc="GPUs of the job (evaluate on a GPU node, say)", ge=0)
-    extra: dict[str, str] = spec_field(
-        doc='more sbatch options, name (no --) -> value; "" for a flag', factory=dict,
-        key_check=values.check_sbatch_option, each=values.check_argument)
-    # Shell by design: the user's module loads and exports, run as written.
-    setup: list[str] = spec_field(doc="shell lines run before the stage's command", factory=list)
+STAGE_DEFAULTS = {"mem": "4G"}    # without --mem, a site may give a stage's small job a whole node's
+OLD_STAGE_KEYS = {"cpus": "cpus_per_task", "gpus": "gpus_per_node"}   # read with a warning (load.py)
 
 
 # Fields every stage has. `slurm` is read apart (merged over the workflow's defaults).
@@ -187,8 +168,8 @@ class WorkflowHead:
                            check=values.check_run_name, example="smoke-chain")
     root: str = spec_field("runs", doc="where workflow directories are made",
                            check=values.check_path)
-    slurm: dict[str, Any] = spec_field(doc="defaults for every non-train stage's slurm section",
-                                       factory=dict)
+    slurm: dict[str, Any] = spec_field(doc="defaults for every non-train stage's slurm section "
+                                       "(spec.Resources; mem 4G unless given)", factory=dict)
     stages: dict[str, Any] = spec_field(doc="stage name -> stage", factory=dict)
 
 
@@ -198,5 +179,6 @@ class Workflow:
     name: str
     root: str
     stages: dict[str, Stage]
-    slurm: dict[str, StageSlurm]          # stage -> its job's resources (non-train stages)
+    slurm: dict[str, Resources]           # stage -> its job's resources (non-train stages)
     source: dict                          # the file's data with --set applied (for resume)
+    warnings: list[Problem] = field(default_factory=list)   # old key names, say

@@ -1,9 +1,9 @@
-"""The batch script of a non-train stage's job (pure): sbatch options, setup, the command.
+"""The batch script of a non-train stage's job (pure): options and setup as a run's, the command.
 
     #!/bin/bash
     #SBATCH --job-name=smoke-chain.evaluate ... --dependency=afterok:123 --kill-on-invalid-dep=yes
     set -euo pipefail
-    <slurm.setup lines>
+    <slurm.site_profile sourced, slurm.setup lines>
     best_train=$(python -m hpc_train workflow best WF_DIR train --record)  # a sweep's best member
     python -m hpc_train evaluate "${best_train}" --split val
     touch WF_DIR/stages/evaluate/COMPLETE
@@ -18,14 +18,12 @@ file with bash (the #SBATCH lines are comments there).
 
 from __future__ import annotations
 
-import math
 import shlex
 from dataclasses import dataclass, field
 
-from hpc_train.slurm.render import sbatch_directives
-from hpc_train.spec.values import slurm_time_seconds
+from hpc_train.slurm.options import JobShape, Options, sbatch_directives, sbatch_options, setup_lines
+from hpc_train.spec import Resources
 from hpc_train.workflow import refs
-from hpc_train.workflow.schema import StageSlurm
 
 TASK = refs.Env("SLURM_ARRAY_TASK_ID")
 Word = refs.Value                 # one argv word
@@ -44,7 +42,7 @@ class StageJob:
     stage: str
     kind: str
     part: str                     # "main", "array" (the converter tasks) or "manifest"
-    slurm: StageSlurm
+    slurm: Resources
     output: str                   # sbatch --output pattern
     lines: list                   # list[list[Word] | Shell]
     marker: Word | None           # touched at the end
@@ -73,23 +71,11 @@ def dependency_options(value: str | None) -> dict[str, str]:
     return {"dependency": value, "kill-on-invalid-dep": "yes"} if value else {}
 
 
-def options(job: StageJob, dependency_value: str | None) -> dict[str, str | bool]:
-    s = job.slurm
-    seconds = slurm_time_seconds(s.time) or 60
-    out: dict[str, str | bool] = {"job-name": job.name, "output": job.output, "open-mode": "append",
-                                  "ntasks": "1", "cpus-per-task": str(s.cpus),
-                                  "time": str(math.ceil(seconds / 60))}
-    if job.tasks > 1:
-        out["array"] = f"0-{job.tasks - 1}"
-    if s.gpus:
-        out["gpus"] = str(s.gpus)
-    for name in ("partition", "account", "qos", "constraint", "mem"):
-        if (value := getattr(s, name)) is not None:
-            out[name] = value
-    out.update(dependency_options(dependency_value))
-    for name, value in s.extra.items():
-        out[name] = value if value != "" else True
-    return out
+def options(job: StageJob, dependency_value: str | None) -> Options:
+    """The job's sbatch options: one task on one node (an array of them), waiting as told."""
+    array = {"array": f"0-{job.tasks - 1}"} if job.tasks > 1 else {}
+    return {**sbatch_options(job.slurm, JobShape(job.name, job.output)), **array,
+            **dependency_options(dependency_value)}
 
 
 def best_variable(stage: str) -> str:
@@ -137,7 +123,7 @@ def render(job: StageJob, dependency_value: str | None) -> str:
     lines = ["#!/bin/bash", f"# hpc_train workflow {job.workflow}: stage {job.stage} ({job.kind}"
              + ("" if job.part == "main" else f", {job.part}") + ")",
              sbatch_directives(options(job, dependency_value)), "", "set -euo pipefail"]
-    lines += list(job.slurm.setup)
+    lines += setup_lines(job.slurm)
     for stage in runtime_stages(job):
         # Known only now that the sweep has run: the best member by its metric, recorded.
         best = shlex.join([job.python, "-m", "hpc_train", "workflow", "best", job.workflow_dir,

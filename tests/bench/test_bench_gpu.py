@@ -62,3 +62,17 @@ def test_the_protocol_runs_end_to_end_on_the_cpu(tmp_path):
     assert report["phases"]["synthetic fp32 ddp"]["steps"] >= 5 and report["skipped"] == []
     assert report["targets"]["anchor"]["images_per_s"] == 2470 and report["gpus"] == 1
     assert "synthetic fp32 ddp:" in run.stdout
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+def test_several_gpus_run_as_ranks_of_a_job_on_this_host(mpirun_argv):
+    """The path of a machine with several GPUs, on the CPU: one rank each, started by the
+    driver's launch plan and supervised, the same steps on every rank."""
+    args = gpu.default_args(device="cpu", model="resnet_tiny", image_size=16, batch=4, precisions="fp32",
+                            seconds=0.3, warmup=1, workers=1, no_horovod=True)
+    settings = gpu.settings_from(args, gpus=2, shards=REPO / "data/demo-shards", budget=120)
+    ranks = gpu.run_ranks(settings, 2)
+    assert [r["rank"] for r in ranks] == [0, 1] and all(r["skipped"] == [] for r in ranks)
+    assert ranks[0]["phases"]["synthetic fp32 ddp"]["steps"] == ranks[1]["phases"]["synthetic fp32 ddp"]["steps"]
+    assert gpu.merge(ranks)["phases"]["shards fp32 ddp"]["images_per_s_all_gpus"] > 0

@@ -179,14 +179,13 @@ def test_sigkill_during_a_background_write_leaves_the_previous_checkpoint(tmp_pa
 
     # The next run, without the fault (as `resume --set ... --allow-spec-change` would record
     # it), resumes from step 10 and finishes.
-    from hpc_train import events as vocabulary
+    from hpc_train import run_state
     from hpc_train.spec import dump_spec_yaml, load_spec, spec_hash
 
     before = load_spec(paths.spec)
     after = load_spec(paths.spec, ["launch.env.HPC_TRAIN_FAULT=''"])
     paths.spec.write_text(dump_spec_yaml(after))
-    vocabulary.record(paths, vocabulary.spec_change_allowed(spec_hash(before), spec_hash(after),
-                                                            ["launch.env.HPC_TRAIN_FAULT"]))
+    run_state.update(paths, lambda state: state.with_consent(spec_hash(before), spec_hash(after)))
     assert drive(paths) == 0, describe_failure(paths)
     assert events(paths, "resumed")[-1]["from_checkpoint"] == 10
     assert {e["step"] for e in events(paths, "rank_finished")} == {30}

@@ -18,7 +18,7 @@ from hpc_train.doctor.allocation import one_per_node, probe_plan, read_reports, 
 from hpc_train.doctor.compare import LaunchResult, compare, describe, horovod_build, majority
 from hpc_train.doctor.faults import DOCTOR_FAULT_ENV, VERSION_SUFFIX, faults_here, parse_doctor_faults
 from hpc_train.doctor.node_probe import PACKAGES
-from hpc_train.doctor.render import as_text, show
+from hpc_train.doctor.table import as_text, show
 from hpc_train.errors import HpcTrainError
 from hpc_train.launch.allocation import Allocation
 from hpc_train.launch.argv import launch_argv, launcher_env

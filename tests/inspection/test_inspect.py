@@ -15,7 +15,7 @@ from hpc_train.bench.inspect import make_run
 from hpc_train.inspection import logs
 from hpc_train.inspection.health import assess, stalled_now
 from hpc_train.inspection.logparse import run_index, stack_dump, stamp_time, timed_lines, tracebacks
-from hpc_train.inspection.runstate import read_beats, step_rate, summarize, throughput, total_steps
+from hpc_train.inspection.summary import RunFiles, step_rate, summarize, throughput, total_steps
 from hpc_train.inspection.slurm_state import parse_sacct, parse_squeue
 from hpc_train.job import watchdog
 from hpc_train.rundir import RunPaths, read_jsonl
@@ -169,8 +169,9 @@ def test_read_beats_reads_this_runs_beats_in_the_new_format(tmp_path):
     paths.rank_heartbeat(1).write_text(json.dumps({"step": 5, "time": 99.0, "pid": 8}))  # old format
     paths.rank_heartbeat(2).write_text(json.dumps({"rank": 2, "step": 1, "progress": 1.0, "time": 2.0}))
     (paths.heartbeat / ".rank-00003.tmp").write_text("{")
-    assert read_beats(paths) == {0: Beat(0, 5, "train", 95.0, 99.0, 7, "vm"), 2: Beat(2, 1, "?", 1.0, 2.0)}
-    assert list(read_beats(paths, since=50.0)) == [0]                # rank 2's is an earlier run's
+    assert heartbeat.read_beats(paths.heartbeat) == {0: Beat(0, 5, "train", 95.0, 99.0, 7, "vm"),
+                                                     2: Beat(2, 1, "?", 1.0, 2.0)}
+    assert list(heartbeat.read_beats(paths.heartbeat, since=50.0)) == [0]   # rank 2's: an earlier run's
     assert (watchdog.read_beats, watchdog.parse_beat, watchdog.Beat) == (
         heartbeat.read_beats, heartbeat.parse_beat, Beat)        # one reader, next to the writer
 
@@ -181,11 +182,11 @@ def test_summarize_uses_the_runs_own_stall_bound_and_world(tmp_path):
                events.stamped(events.started(["vm"], 2, None, [], 20.0), environ={}, now=LAUNCHED)]
     # launch.stall_seconds=20: beats every 2 s, silent after 10 s; rank 1's is 12 s old
     beats = {0: beat(0, 9, NOW - 1, NOW - 1), 1: beat(1, 9, NOW - 12, NOW - 12)}
-    status = summarize(paths, history, [], beats, None, NOW)
+    status = summarize(RunFiles(paths, history, [], beats, None), NOW)
     assert (status.state, status.job_id, status.world_size) == ("RUNNING", "7", 2)
     assert status.health.stalled_ranks == [1]
     history[1] = events.stamped(events.started(["vm"], 2, None, [], 300.0), environ={}, now=LAUNCHED)
-    assert summarize(paths, history, [], beats, None, NOW).health.ok     # silent after 15 s there
+    assert summarize(RunFiles(paths, history, [], beats, None), NOW).health.ok     # silent after 15 s there
     # Requeued, and Slurm shows the job RUNNING before the driver's next `started`: no ranks run
     # yet, so the last run's beats do not make a stall.
     from hpc_train.inspection.slurm_state import SlurmInfo
@@ -193,8 +194,20 @@ def test_summarize_uses_the_runs_own_stall_bound_and_world(tmp_path):
     history[1] = events.stamped(events.started(["vm"], 2, None, [], 20.0), environ={}, now=LAUNCHED)
     history.append(events.stamped(events.requeued("SIGUSR2", events.CAUSE_STOP, "driver", "", 75, 9.0),
                                   environ={}, now=NOW - 5))
-    between = summarize(paths, history, [], beats, None, NOW, SlurmInfo("RUNNING", "None", "squeue"))
+    between = summarize(RunFiles(paths, history, [], beats, None), NOW,
+                        SlurmInfo("RUNNING", "None", "squeue"))
     assert between.state == "RUNNING" and between.health.ok and between.health.stalled_ranks == []
+
+
+def test_summarize_names_the_waiting_ranks_and_a_quiet_run(tmp_path):
+    history = [events.stamped(events.submitted("7", "slurm", "h"), environ={}, now=LAUNCHED - 10),
+               events.stamped(events.started(["vm"], 2, None, [], 300.0), environ={}, now=LAUNCHED)]
+    beats = {r: beat(r, 9, NOW - 100, NOW - 1) for r in (0, 1)}     # alive; moved 100 s ago
+    run = RunFiles(RunPaths(tmp_path / "run"), history, [], beats, None, waiting_ranks=[1])
+    health = summarize(run, NOW).health
+    assert not health.ok and health.stalled_ranks == [1] and "no progress" not in health.message
+    quiet = summarize(run, NOW, quiet_seconds=60).health
+    assert "no progress for 1.7 min" in quiet.message
 
 
 def test_rate_eta_throughput_and_total_steps():
@@ -286,9 +299,9 @@ def test_status_running_run_has_eta_and_diagnosis_for_a_failure(tmp_path):
     kept = [line for line in paths.events.read_text().splitlines() if '"finished"' not in line]
     paths.events.write_text("\n".join(kept) + "\n")
     now = json.loads(paths.metrics.read_text().splitlines()[-1])["time"] + 1
-    status = summarize(paths, read_jsonl(paths.events), read_jsonl(paths.metrics),
-                       {0: beat(0, 500, now - 1, now - 1), 1: beat(1, 500, now - 1, now - 1)},
-                       (250, now - 60), now)
+    status = summarize(RunFiles(paths, read_jsonl(paths.events), read_jsonl(paths.metrics),
+                                {0: beat(0, 500, now - 1, now - 1), 1: beat(1, 500, now - 1, now - 1)},
+                                (250, now - 60)), now)
     assert status.state == "RUNNING" and status.eta_seconds == 0 and status.checkpoint_age_seconds == 60
     log = paths.rank_log(1)
     log.write_text(log.read_text() + time.strftime("%Y-%m-%d %H:%M:%S,000", time.localtime(now))

@@ -17,7 +17,7 @@ from hpc_train import events
 from hpc_train.inspection.diagnose import Failure, diagnose, silent_failure
 from hpc_train.inspection.launcher import RankExit, exit_hint, rank_exits
 from hpc_train.inspection.logparse import Line, Traceback, stamp_time
-from hpc_train.inspection.render import diagnosis_text
+from hpc_train.inspection.text import diagnosis_text
 from hpc_train.inspection.slurm_state import SlurmInfo
 from hpc_train.rundir import RunPaths, append_jsonl
 from hpc_train.runtime.heartbeat import STACK_DUMP_HEADER

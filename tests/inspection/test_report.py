@@ -15,7 +15,7 @@ import pytest
 
 from hpc_train.inspection import efficiency, sacct
 from hpc_train.inspection.report import build_report
-from hpc_train.inspection.report_render import print_report
+from hpc_train.inspection.report_text import print_report
 from hpc_train.rundir import RunPaths, read_jsonl
 from tests.conftest import REPO
 from tests.runs import cli, path_without

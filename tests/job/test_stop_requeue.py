@@ -6,6 +6,7 @@ import pytest
 
 from hpc_train import events
 from hpc_train.job.requeue import decide, ending_status, requeue_path
+from hpc_train.run_state import RunState
 from hpc_train.runtime.stop import STOP_EXIT, StopFlag, agreed_reason, one_hot
 from hpc_train.scheduler import JobRecord, parse_show_job, parse_slurm_time
 
@@ -70,9 +71,7 @@ def test_decide(returncode, changes, action):
 def test_requeues_say_why_and_failures_are_counted_by_cause(returncode, changes, cause):
     decision = decide(returncode, **{**BASE, **changes})
     assert decision.cause == cause
-    requeued = events.stamped(events.requeued(decision.reason, decision.cause, "driver", "", 1, 1.0),
-                              environ={})
-    assert events.failed_runs([requeued]) == (cause in events.FAILURE_CAUSES)
+    assert RunState().with_retry(decision.cause).failed_runs() == (cause in events.FAILURE_CAUSES)
 
 
 def test_a_spent_retry_budget_names_the_setting():

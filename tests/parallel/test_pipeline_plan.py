@@ -153,12 +153,3 @@ def test_more_stages_than_blocks_is_refused():
     data["model"]["options"] = {"layers": 1}          # 3 blocks
     with pytest.raises(SpecInvalid, match="every stage needs a block"):
         spec_from_dict(data)
-
-
-def test_a_requeued_run_reuses_its_first_timed_cut():
-    from hpc_train import events
-
-    assert events.first_pipeline_cut([{"event": "started"}]) is None
-    history = [events.pipeline_cut([4, 2], "time"), {"event": "resumed"},
-               events.pipeline_cut([3, 3], "time")]
-    assert events.first_pipeline_cut(history) == (4, 2)

@@ -6,7 +6,9 @@ import time
 
 import pytest
 
+from hpc_train import run_state
 from hpc_train.rundir import read_jsonl
+from hpc_train.spec import load_spec, spec_hash
 from tests.runs import cli, drive, events, local_run
 
 pytestmark = [pytest.mark.mpi, pytest.mark.horovod, pytest.mark.slow]
@@ -35,6 +37,9 @@ def test_resume_needs_consent_for_changes_then_continues(tmp_path):
     accepted = cli("resume", str(paths.root), "--local", "--set", "optim.epochs=2", "--allow-spec-change",
                    "--new-snapshot")
     assert accepted.returncode == 0, accepted.stderr
+    (tmp_path / "before.yaml").write_text(spec_before)        # the consent the ranks read
+    assert run_state.read(paths).consented_specs == (
+        (spec_hash(load_spec(tmp_path / "before.yaml")), spec_hash(load_spec(paths.spec))),)
     _wait_finished(paths, 2)
     # The run had no snapshot (driven here); --new-snapshot gave it one, and the job imported it.
     first, resumed, job = read_jsonl(paths.environment)

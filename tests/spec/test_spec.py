@@ -62,7 +62,7 @@ def test_exponent_written_plainly_becomes_a_float(tmp_path):
 
 def test_unquoted_time_is_not_read_as_base_60(tmp_path):
     loaded = load_spec(write(tmp_path, "run: {name: t}\nslurm:\n  time: 1:30:00\n"))
-    assert loaded.slurm.time == "1:30:00" and loaded.time_minutes == 90
+    assert loaded.slurm.time == "1:30:00" and loaded.slurm.time_minutes == 90
 
 
 @pytest.mark.parametrize("section, key, given, expected", [
@@ -165,7 +165,7 @@ def test_derived_properties():
              data={"batch_size": 64}, parallel={"accumulation": 2}, optim={"base_lr": 0.1})
     assert s.world_size == 16 and s.samples_per_step == 64 * 16 * 2
     assert s.scaled_lr == pytest.approx(0.1 * 2048 / 256)
-    assert s.time_minutes == 2 * 24 * 60 and s.uses_gpu
+    assert s.slurm.time_minutes == 2 * 24 * 60 and s.uses_gpu
     assert not spec().uses_gpu
 
 

@@ -130,6 +130,26 @@ def test_set_reaches_a_stage_or_a_train_stages_job_spec(tmp_path, monkeypatch):
         check(path, ["train.optim.epochs=0"])
 
 
+def test_a_stages_old_resource_names_still_work_with_a_warning(tmp_path, monkeypatch):
+    monkeypatch.chdir(REPO)
+    data = changed(evaluate={**GOOD["stages"]["evaluate"], "slurm": {"cpus": 4, "gpus": 1}})
+    plan = check(write(tmp_path, {**data, "slurm": {"cpus": 2, "time": "00:05:00"}}), [])
+    resources = plan.workflow.slurm
+    assert (resources["evaluate"].cpus_per_task, resources["evaluate"].gpus_per_node) == (4, 1)
+    assert (resources["shard"].cpus_per_task, resources["shard"].mem) == (2, "4G")   # mem: a stage's default
+    assert [str(w) for w in plan.warnings] == [
+        "slurm.cpus: 2: deprecated: a stage's slurm keys are the job spec's (read as cpus_per_task for "
+        "now). Consider: rename it to slurm.cpus_per_task",
+        "stages.evaluate.slurm.cpus: 4: deprecated: a stage's slurm keys are the job spec's (read as "
+        "cpus_per_task for now). Consider: rename it to stages.evaluate.slurm.cpus_per_task",
+        "stages.evaluate.slurm.gpus: 1: deprecated: a stage's slurm keys are the job spec's (read as "
+        "gpus_per_node for now). Consider: rename it to stages.evaluate.slurm.gpus_per_node"]
+    # A bad value names the key as written too.
+    with pytest.raises(SpecInvalid, match=r"^stages\.evaluate\.slurm\.cpus_per_task \(written as "
+                                          r"stages\.evaluate\.slurm\.cpus\): 0 is not allowed: must be >= 1"):
+        check(write(tmp_path, changed(evaluate={**GOOD["stages"]["evaluate"], "slurm": {"cpus": 0}})), [])
+
+
 def test_the_cli_exits_2_and_neither_creates_nor_submits(tmp_path):
     # A PATH whose sbatch only leaves a trace: nothing may call it.
     trace = tmp_path / "sbatch-called"
@@ -149,7 +169,7 @@ def test_the_shipped_workflows_are_valid(monkeypatch):
     monkeypatch.chdir(REPO)
     for name in ("smoke", "sweep", "imagenet"):
         plan = check(f"workflows/{name}.yaml", [])
-        assert plan.order[0] in ("shard_train", "train")
+        assert plan.order[0] in ("shard_train", "train") and plan.warnings == []   # today's key names
     imagenet = check("workflows/imagenet.yaml", [])
     assert imagenet.order == ["shard_train", "shard_val", "train", "evaluate", "export"]
     assert imagenet.stages["shard_train"].jobs[0].tasks == 32

@@ -9,6 +9,9 @@ import pytest
 import yaml
 
 from hpc_train.workflow import refs
+from hpc_train.workflow.load import workflow_from_dict
+from hpc_train.workflow.paths import WorkflowPaths
+from hpc_train.workflow.plan import PlannedDirs, make_plan
 from hpc_train.workflow.run import check, dry_run_text
 from hpc_train.workflow.script import dependency, dependency_options, render, shell_line
 from tests.conftest import REPO
@@ -45,7 +48,7 @@ def test_a_shard_stage_is_an_array_then_a_manifest_job(smoke):
     array, manifest = smoke.stages["shard_train"].jobs
     text = render(array, None)
     lines = text.splitlines()
-    assert "#SBATCH --array=0-1" in lines and "#SBATCH --ntasks=1" in lines
+    assert {"#SBATCH --array=0-1", "#SBATCH --nodes=1", "#SBATCH --ntasks-per-node=1"} <= set(lines)
     assert "--task-index \"${SLURM_ARRAY_TASK_ID}\" --task-count 2" in text
     assert "touch" not in text                                     # only the last job marks the stage
     text = render(manifest, "afterok:41")
@@ -54,6 +57,26 @@ def test_a_shard_stage_is_an_array_then_a_manifest_job(smoke):
     assert "--task-index 0 --task-count 1" in text and " data verify " in text
     assert lines[-1].startswith("touch -- ") and lines[-1].endswith("/stages/shard_train/COMPLETE'")
     assert "set -euo pipefail" in lines                            # the marker only after success
+
+
+def test_site_profile_setup_and_mail_reach_every_kind_of_stage(monkeypatch, tmp_path):
+    monkeypatch.chdir(REPO)
+    data = yaml.safe_load((REPO / "workflows/smoke.yaml").read_text())
+    data["slurm"].update(site_profile="env/site.example.sh", setup=["module load mpi"], mail_type="FAIL")
+    data["stages"]["notify"] = {"kind": "command", "after": ["export"], "run": "echo done"}
+    data["stages"]["train"]["spec"] = str(REPO / "jobs/smoke.yaml")
+    plan = make_plan(workflow_from_dict(data), WorkflowPaths.planned(str(tmp_path), "t"), PlannedDirs(),
+                     cwd=tmp_path)
+    kinds = set()
+    for stage in plan.stages.values():
+        for job in stage.jobs:
+            lines = render(job, None).splitlines()
+            after_strict = lines[lines.index("set -euo pipefail") + 1:]
+            # The relative profile is the submit directory's, as in a job spec.
+            assert after_strict[:2] == [f"source {tmp_path}/env/site.example.sh", "module load mpi"]
+            assert "#SBATCH --mail-type=FAIL" in lines
+            kinds.add(stage.kind)
+    assert kinds == {"shard", "evaluate", "export", "command"}
 
 
 def test_odd_paths_stay_one_word_and_run_nothing(smoke, tmp_path):

@@ -6,7 +6,7 @@ import sys
 
 from hpc_train.inspection.diagnose import Diagnosis
 from hpc_train.inspection.launcher import LAUNCHERS, STOPPED_ON_PURPOSE
-from hpc_train.inspection.runstate import RunStatus
+from hpc_train.inspection.summary import RunStatus
 
 _STATE_STYLE = {"RUNNING": "green", "COMPLETED": "bold green", "PENDING": "yellow",
                 "REQUEUED": "yellow", "FAILED": "bold red", "TIMEOUT": "red", "CANCELLED": "red",

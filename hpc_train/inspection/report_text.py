@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from hpc_train.inspection.render import _STATE_STYLE, _console, duration
+from hpc_train.inspection.text import _STATE_STYLE, _console, duration
 from hpc_train.inspection.report import Report
 
 _GIB = 1024 ** 3

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from hpc_train.errors import SpecError
 from hpc_train.rundir import RunPaths
+from hpc_train.slurm.options import sbatch_directives
 from hpc_train.slurm.script import script_parts
 from hpc_train.spec import JobSpec
 
@@ -86,13 +87,6 @@ def load_template(path: str | None) -> str:
                         "as a text file, or leave --template out for the default") from exc
     check_template(template, source)
     return template
-
-
-def sbatch_directives(options: dict[str, str | bool]) -> str:
-    lines = []
-    for name, value in options.items():
-        lines.append(f"#SBATCH --{name}" if value is True else f"#SBATCH --{name}={shlex.quote(value)}")
-    return "\n".join(lines)
 
 
 def fill_template(template: str, values: dict[str, str]) -> str:

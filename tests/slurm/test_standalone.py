@@ -1,8 +1,9 @@
-"""sbatch text: the rendered standalone script and submitit's script, made from the same parts
-(against golden files), and the checks on a site's template."""
+"""sbatch text: the rendered standalone script, submitit's script and a workflow stage's, made
+from one Resources value (against golden files), and the checks on a site's template."""
 
 from __future__ import annotations
 
+import dataclasses
 import shlex
 import subprocess
 from pathlib import Path
@@ -13,21 +14,26 @@ import submitit
 from hpc_train.cli import main
 from hpc_train.errors import SpecError, SubmitError
 from hpc_train.rundir import RunPaths
-from hpc_train.slurm.render import fill_template, render_script
-from hpc_train.slurm.script import sbatch_options
+from hpc_train.slurm.standalone import fill_template, render_script
+from hpc_train.slurm.script import run_options
 from hpc_train.slurm.submit import planned_script
 from hpc_train.slurm.submitit_private import PRIVATE, private_method
-from hpc_train.spec import load_spec
+from hpc_train.spec import Resources, load_spec
+from hpc_train.workflow import refs
+from hpc_train.workflow.script import StageJob, render
 from tests.conftest import REPO
 from tests.runs import check_golden, cli, run_dirs
 
 # A path with a space, a dollar and a command substitution: it must reach bash as one word.
 ODD_RUN_DIR = Path("/scratch/my runs/$(touch pwned)/smoke-20260101-000000")
 PYTHON = "/opt/venv/bin/python"
-# One spec for both golden files: a site profile, setup lines, partition and account.
+# One spec for the golden files: a site profile, setup lines, partition, account, GPUs and mail.
 SITE = ("slurm.site_profile=/opt/my site/profile.sh",
         "slurm.setup=['module load openmpi/4.1', 'export OMP_PROC_BIND=close']",
-        "slurm.partition=gpu", "slurm.account=proj-1")
+        "slurm.partition=gpu", "slurm.account=proj-1", "slurm.gpus_per_node=2",
+        "slurm.mail_type=END,FAIL", "slurm.mail_user=me@example.org")
+RESOURCE_OPTIONS = ("cpus-per-task", "time", "gpus-per-node", "partition", "account", "mem",
+                    "mail-type", "mail-user")
 SETUP = ["source '/opt/my site/profile.sh'", "module load openmpi/4.1", "export OMP_PROC_BIND=close"]
 VALUES = {"sbatch_directives": "#SBATCH --x=1", "setup": ":", "driver_command": "exec true",
           "run_dir": "/r", "job_name": "j"}
@@ -45,6 +51,26 @@ def section(text: str, header: str) -> list[str]:
     return lines[start:end]
 
 
+def resources_of(spec) -> Resources:
+    """The Resources part of a job spec's slurm section: what a workflow stage is given."""
+    return Resources(**{f.name: getattr(spec.slurm, f.name) for f in dataclasses.fields(Resources)})
+
+
+def stage_script(resources: Resources) -> str:
+    """An evaluate stage's script with `resources`, waiting for job 41."""
+    stage_dir = ODD_RUN_DIR.parent / "smoke-chain-20260101-000000" / "stages" / "evaluate"
+    line = [refs.literal(w) for w in (PYTHON, "-m", "hpc_train", "evaluate", str(ODD_RUN_DIR))]
+    job = StageJob("smoke-chain", "evaluate", "evaluate", "main", resources,
+                   str(stage_dir / "slurm-%j.out"), [line], refs.literal(str(stage_dir / "COMPLETE")))
+    return render(job, "afterok:41")
+
+
+def directives(text: str) -> dict[str, str]:
+    """`#SBATCH --NAME=VALUE` lines -> {NAME: VALUE unquoted}."""
+    return dict(shlex.split(line)[1][2:].partition("=")[::2] for line in text.splitlines()
+                if line.startswith("#SBATCH --"))
+
+
 def exec_line(text: str) -> list[str]:
     [line] = [line for line in text.splitlines() if line.startswith("exec ")]
     return shlex.split(line)
@@ -56,6 +82,23 @@ def test_rendered_script_golden():
 
 def test_submitit_script_golden():
     check_golden("smoke_submitit.sbatch", planned_script(smoke(*SITE), ODD_RUN_DIR, PYTHON))
+
+
+def test_stage_script_golden():
+    check_golden("stage.sbatch", stage_script(resources_of(smoke(*SITE))))
+
+
+def test_one_resources_value_asks_the_same_of_a_run_and_a_stage():
+    spec = smoke(*SITE)
+    texts = [render_script(spec, RunPaths(ODD_RUN_DIR), PYTHON), planned_script(spec, ODD_RUN_DIR, PYTHON),
+             stage_script(resources_of(spec))]
+    rendered, planned, stage = (directives(text) for text in texts)
+    for name in RESOURCE_OPTIONS:
+        assert rendered[name] == planned[name] == stage[name], name
+    assert stage["mail-type"] == "END,FAIL" and stage["gpus-per-node"] == "2"
+    lines = texts[2].splitlines()
+    after_strict = lines[lines.index("set -euo pipefail") + 1:]
+    assert after_strict[:len(SETUP)] == SETUP                  # the site profile reaches the stage
 
 
 def test_both_forms_share_setup_and_driver_line():
@@ -117,17 +160,11 @@ def test_rendered_script_is_valid_bash_and_quotes_the_run_dir():
 
 
 def test_options_one_driver_pattern_and_extras():
-    options = sbatch_options(smoke("slurm.extra={exclusive: '', mail-type: END}", "slurm.gpus_per_node=2"), "o")
+    options = run_options(smoke("slurm.extra={exclusive: '', mail-type: END}", "slurm.gpus_per_node=2"), "o")
     assert options["ntasks-per-node"] == "2" and options["signal"] == "B:USR2@60"
     assert options["requeue"] is True and options["open-mode"] == "append"
     assert options["exclusive"] is True and options["mail-type"] == "END"
     assert options["gpus-per-node"] == "2" and options["time"] == "10"
-
-
-def test_mail_settings_reach_both_forms_of_the_script():
-    spec = smoke("slurm.mail_type=END,FAIL", "slurm.mail_user=me@example.org")
-    for text in (render_script(spec, RunPaths(ODD_RUN_DIR), PYTHON), planned_script(spec, ODD_RUN_DIR, PYTHON)):
-        assert "#SBATCH --mail-type=END,FAIL" in text and "#SBATCH --mail-user=me@example.org" in text
 
 
 def test_site_template_placeholders_and_bash_braces():

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sys
 
-from hpc_train.inspection.render import duration
+from hpc_train.inspection.text import duration
 from hpc_train.workflow import graph
 from hpc_train.workflow.status import StageStatus, WorkflowStatus
 

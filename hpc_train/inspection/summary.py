@@ -80,7 +80,7 @@ def step_rate(train: list[dict], since: float) -> float | None:
 
 def total_steps(events: list[dict], spec: dict | None) -> int | None:
     """From `training_started`; a later accepted spec change (more epochs) recomputes it."""
-    started = ev.training_start(events)
+    started = ev.last(events, ev.TRAINING_STARTED)
     if started is None:
         return None
     total, per_epoch = started.get("total_steps"), started.get("steps_per_epoch")
@@ -93,28 +93,46 @@ def total_steps(events: list[dict], spec: dict | None) -> int | None:
     return total
 
 
-def summarize(paths: RunPaths, events: list[dict], metrics: list[dict], beats: dict[int, Beat],
-              checkpoint: tuple[int, float] | None, now: float, slurm: SlurmInfo | None = None,
-              spec: dict | None = None, baseline_per_rank: float | None = None,
-              stall_seconds: float = 600, waiting_ranks: list[int] | None = None) -> RunStatus:
+@dataclass
+class RunFiles:
+    """What `status` reads of one run directory, as `summarize` judges it."""
+    paths: RunPaths
+    events: list[dict]
+    metrics: list[dict]
+    beats: dict[int, Beat]                  # the current run's heartbeats (older: earlier runs')
+    checkpoint: tuple[int, float] | None    # the latest complete one: step, when it was marked
+    spec: dict | None = None                # spec.yaml as saved
+    waiting_ranks: list[int] = field(default_factory=list)  # missing at a collective (Horovod)
+
+    @classmethod
+    def read(cls, paths: RunPaths) -> RunFiles:
+        events = ev.read(paths)
+        beats = heartbeat.read_beats(paths.heartbeat, ev.start_time(events))  # the current run's
+        return cls(paths, events, read_jsonl(paths.metrics), beats, latest_checkpoint(paths),
+                   read_spec(paths))
+
+
+def summarize(run: RunFiles, now: float, slurm: SlurmInfo | None = None,
+              baseline_per_rank: float | None = None, quiet_seconds: float = 600) -> RunStatus:
     """Pure: the files' contents (and the clock) -> the status of one run.
 
-    beats: the current run's heartbeats (`read_beats` since its start); stall_seconds: no
-    progress and no metric line for this long reads "no progress" (status --stall-minutes).
-    Stalled ranks follow the run's own launch.stall_seconds (its `started` event)."""
-    train = [m for m in metrics if m.get("split") is None and "step" in m]
-    val = [m for m in metrics if m.get("split") == "val"]
+    quiet_seconds: no progress and no metric line for this long reads "no progress" (status
+    --stall-minutes). Stalled ranks follow the run's own launch.stall_seconds (its `started`
+    event)."""
+    events, checkpoint = run.events, run.checkpoint
+    train = [m for m in run.metrics if m.get("split") is None and "step" in m]
+    val = [m for m in run.metrics if m.get("split") == "val"]
     last = train[-1] if train else {}
     submission = ev.last_submission(events)
     state = slurm.state if slurm else ev.state(events)
     running = state == "RUNNING"
-    requeued = ev.requeues(events)
+    requeued = ev.named(events, ev.REQUEUED)
     world = ev.world_size(events)
     launched = ev.start_time(events)
     # Slurm may show RUNNING before the driver's next `started` (after a requeue): no ranks then.
     ended = ev.ending(ev.in_window(events, launched, float("inf"))) is not None
     rate = step_rate(train, launched)
-    total = total_steps(events, spec)
+    total = total_steps(events, run.spec)
     flow = throughput(train)
     eta = None
     if running and rate and total is not None and last:
@@ -123,7 +141,7 @@ def summarize(paths: RunPaths, events: list[dict], metrics: list[dict], beats: d
     if flow and baseline_per_rank and world:
         efficiency = flow.mean / (baseline_per_rank * world)
     return RunStatus(
-        name=paths.root.name, run_dir=str(paths.root),
+        name=run.paths.root.name, run_dir=str(run.paths.root),
         job_id=submission[0] if submission else None,
         state=state, state_source=slurm.source if slurm else "events",
         requeues=max(len(requeued), ev.restarts(events)), requeue_reasons=ev.requeue_reasons(events),
@@ -132,16 +150,10 @@ def summarize(paths: RunPaths, events: list[dict], metrics: list[dict], beats: d
         efficiency=efficiency, world_size=world, eta_seconds=eta,
         checkpoint_step=checkpoint[0] if checkpoint else None,
         checkpoint_age_seconds=now - checkpoint[1] if checkpoint else None,
-        health=assess(beats, last.get("time"), now, running and not ended, stall_seconds, waiting_ranks,
-                      world_size=world, launched=launched,
+        health=assess(run.beats, last.get("time"), now, running and not ended, quiet_seconds,
+                      run.waiting_ranks, world_size=world, launched=launched,
                       stall_seconds=ev.stall_seconds(events, DEFAULT_STALL_SECONDS)),
         updated=now)
-
-
-def read_beats(paths: RunPaths, since: float = 0.0) -> dict[int, Beat]:
-    """The ranks' heartbeats written at or after `since` (the current run's start: older beats
-    are an earlier run's); files being replaced, stray .tmp files and other formats are skipped."""
-    return heartbeat.read_beats(paths.heartbeat, since)
 
 
 def latest_checkpoint(paths: RunPaths) -> tuple[int, float] | None:

@@ -1,0 +1,19 @@
+"""A rank program for tests/bench/test_bench_ranks.py: `serve`s run_here with what the settings ask."""
+
+import os
+import sys
+import time
+
+from hpc_train.bench.ranks import serve
+
+
+def measure(settings: dict, identity, heartbeat) -> dict:
+    if settings["do"] == "fail" and identity.rank == 1:
+        sys.exit(3)
+    if settings["do"] == "hang":
+        time.sleep(120)
+    return {"rank": identity.rank, "size": identity.size, "port": os.environ["MASTER_PORT"]}
+
+
+if __name__ == "__main__":
+    serve(measure)

@@ -1,0 +1,47 @@
+"""The driver's retry budget comes from the run state: with every event write failing, a job that
+fails on every run is retried exactly checkpoint.retries_on_failure times, then FAILED."""
+
+from __future__ import annotations
+
+import pytest
+
+from hpc_train import run_state, scheduler
+from hpc_train.job import driver
+from hpc_train.rundir import RunPaths
+from hpc_train.runtime.faults import EVENTS_FAULT_ENV
+from hpc_train.spec import CheckpointSpec
+
+
+@pytest.fixture
+def requeues(monkeypatch):
+    """Slurm stood in for: the job still runs, and every `scontrol requeue` it is asked succeeds."""
+    asked = []
+    monkeypatch.setattr(scheduler, "show_job", lambda job: None)
+    monkeypatch.setattr(scheduler, "requeue", lambda job, restart: asked.append(restart) or ("driver", "ok"))
+    return asked
+
+
+def _run_fails(paths: RunPaths, restart: int) -> driver.Decision:
+    environ = {"SLURM_JOB_ID": "5", "SLURM_RESTART_COUNT": str(restart)}
+    return driver.conclude(paths, CheckpointSpec(retries_on_failure=1), environ, 0.0, None,
+                           driver.Ended(1, 2.0))
+
+
+def test_with_every_event_write_failing_one_retry_then_failed(tmp_path, monkeypatch, requeues):
+    monkeypatch.setenv(EVENTS_FAULT_ENV, "1")
+    paths = RunPaths(tmp_path)
+    first, second = _run_fails(paths, 0), _run_fails(paths, 1)
+    assert (first.action, second.action) == ("requeue", "failed")
+    assert "retries_on_failure=1 used up" in second.reason
+    assert requeues == [0]                          # exactly one scontrol requeue
+    assert run_state.read(paths).retries == {"failure": 1}
+    assert not paths.events.exists()                # nothing of it was recorded
+
+
+def test_a_retry_that_cannot_be_counted_is_not_taken(tmp_path, monkeypatch, requeues):
+    def unwritable(paths, change):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(run_state, "update", unwritable)
+    decision = _run_fails(RunPaths(tmp_path), 0)
+    assert decision.action == "failed" and "could not be counted" in decision.reason
+    assert requeues == []
