@@ -85,10 +85,10 @@ class TrainerRun:
 
     def __init__(self, spec, paths, identity, stop, heartbeat, clock, planned: int):
         from hpc_train.errors import HpcTrainError
-        from hpc_train.train.factory import make_trainer
+        from hpc_train.train.trainer import Trainer
 
         self.spec, self.identity, self.clock = spec, identity, clock
-        self.trainer = make_trainer(spec, paths, identity, stop=stop, heartbeat=heartbeat, clock=clock)
+        self.trainer = Trainer(spec, paths, identity, stop, heartbeat, clock=clock)
         self.device = self.trainer.device
         if planned >= self.trainer.steps_per_epoch:
             self.close()

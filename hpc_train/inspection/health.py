@@ -22,7 +22,7 @@ from hpc_train.job.watchdog import StalledRank, culprits, silent_after
 from hpc_train.runtime.heartbeat import Beat, beat_interval
 from hpc_train.spec.schema import DEFAULT_STALL_SECONDS
 
-__all__ = ["DEFAULT_STALL_SECONDS", "Beat", "Health", "assess", "describe", "stalled_now"]
+__all__ = ["Beat", "Health", "assess", "describe", "stalled_now"]
 
 
 @dataclass

@@ -84,7 +84,8 @@ def start_rank(paths: RunPaths, rank: int) -> StopFlag:
 
 def start_heartbeat(paths: RunPaths, rank: int) -> Heartbeat:
     """The rank's heartbeat thread, beating at the driver's launch.stall_seconds."""
-    return Heartbeat(paths.rank_heartbeat(rank), rank, float(os.environ.get(STALL_ENV) or DEFAULT_STALL_SECONDS)).start()
+    stall_seconds = float(os.environ.get(STALL_ENV) or DEFAULT_STALL_SECONDS)
+    return Heartbeat(paths.rank_heartbeat(rank), rank, stall_seconds).start()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -107,15 +108,14 @@ def main(argv: list[str] | None = None) -> int:
         from hpc_train.job.staging import stage_data
         from hpc_train.spec import load_spec
         from hpc_train.train.checkpointing import StopForRequeue
-        from hpc_train.train.factory import make_trainer
+        from hpc_train.train.trainer import Trainer
 
         heartbeat.progress(phase=Phase.NETWORK)
         join_network(os.environ, identity.rank)
         spec = load_spec(paths.spec)
         data_root = stage_data(spec, paths, identity, heartbeat)
         heartbeat.progress(phase=Phase.BUILDING)
-        trainer = make_trainer(spec, paths, identity, stop=stop, heartbeat=heartbeat,
-                               data_root=data_root)
+        trainer = Trainer(spec, paths, identity, stop, heartbeat, data_root=data_root)
         try:
             trainer.fit()
         except StopForRequeue as stop_reason:

@@ -67,10 +67,6 @@ class ParallelLayout:
         """Data-parallel copies of the model, D = world size / K."""
         return self.world_size // self.stages
 
-    @property
-    def uses_pipeline(self) -> bool:
-        return self.stages > 1
-
     def stage_of(self, rank: int) -> int:
         return rank % self.stages
 

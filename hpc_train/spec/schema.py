@@ -19,6 +19,7 @@ ModelName = Literal[MODEL_NAMES]        # the model catalog's names: one list
 TOKEN_KINDS = ("text", "tokens")        # data kinds of token sequences, for the gpt model
 BYTE_VOCAB = 256                        # token values of byte tokens; data/tokens.py reads it here
 DEFAULT_STALL_SECONDS = 300.0           # launch.stall_seconds; also for runs that did not record it
+DEFAULT_INIT_SCALE = 2.0 ** 16          # precision.init_scale, as torch's GradScaler's
 
 
 def spec_field(default: Any = MISSING, *, doc: str, factory: Callable[[], Any] | None = None,
@@ -202,7 +203,7 @@ class PrecisionSpec:
     mode: Literal["fp32", "fp16", "bf16"] = spec_field("fp32", doc="compute precision (autocast)")
     loss_scale: Union[Literal["dynamic"], float] = spec_field(
         "dynamic", doc='fp16 loss scale: "dynamic" (GradScaler) or a fixed number', gt=0)
-    init_scale: float = spec_field(65536.0, doc="first scale of the dynamic loss scaler", gt=0)
+    init_scale: float = spec_field(DEFAULT_INIT_SCALE, doc="first scale of the dynamic loss scaler", gt=0)
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ import torch
 
 from hpc_train.models import build_model
 from hpc_train.parallel.data_parallel import make_backend
+from hpc_train.parallel.layout import Parallelism, ParallelLayout
 from hpc_train import events
 from hpc_train.rundir import RunPaths, append_jsonl
 from hpc_train.runtime.faults import FaultInjector
@@ -30,6 +31,7 @@ from hpc_train.train.evaluation import evaluate_classifier
 from hpc_train.train.meters import Window
 from hpc_train.train.optim import build_optimizer
 from hpc_train.train.parts import PartsFactory
+from hpc_train.train.pipeline_trainer import PipelineParts
 from hpc_train.train.precision import Precision
 from hpc_train.train.schedule import LrSchedule
 from hpc_train.train.step import optimizer_step
@@ -99,6 +101,15 @@ class DataParallelParts:
         return totals[:3].clone()
 
 
+PARTS: dict[Parallelism, PartsFactory] = {Parallelism.DATA_PARALLEL: DataParallelParts,
+                                          Parallelism.PIPELINE: PipelineParts}
+
+
+def parts_for(layout: ParallelLayout) -> PartsFactory:
+    """The parts a layout's ranks are given: the only place a kind of job is chosen."""
+    return PARTS[layout.parallelism]
+
+
 def throughput(spec, steps: int, elapsed: float) -> dict[str, float]:
     """Samples per second, named by what a sample is: an image, or a token sequence (and tokens)."""
     samples = spec.samples_per_step * steps / elapsed
@@ -108,12 +119,12 @@ def throughput(spec, steps: int, elapsed: float) -> dict[str, float]:
 
 
 class Trainer:
-    """The training loop of every job; the parts (`parts_factory(spec, paths, identity, device)`,
-    a `TrainingParts`) provide the model, its step, evaluation and their checkpoint components.
-    data_root: a node-local copy of the shards to read instead of data.path."""
+    """The training loop of every job; the parts of its layout (`parts_for`, a `TrainingParts`)
+    provide the model, its step, evaluation and their checkpoint components. data_root: a
+    node-local copy of the shards to read instead of data.path."""
 
-    def __init__(self, spec, paths: RunPaths, identity: RankInfo, parts_factory: PartsFactory, *,
-                 stop: StopFlag | None = None, heartbeat=None, data_root=None, clock=NO_CLOCK):
+    def __init__(self, spec, paths: RunPaths, identity: RankInfo, stop: StopFlag | None = None,
+                 heartbeat=None, data_root=None, clock=NO_CLOCK):
         self.spec, self.paths, self.identity = spec, paths, identity
         self.clock = clock   # marks each step's parts for `bench train`; training's does nothing
         self.heartbeat = heartbeat or NoHeartbeat()
@@ -122,7 +133,7 @@ class Trainer:
         # Built once from spec + identity; every per-rank answer (stage, replica, data part) is its.
         self.place = spec.layout.of_rank(identity.rank)
         torch.set_num_threads(spec.slurm.cpus_per_task)
-        self.parts = parts_factory(spec, paths, identity, self.device)
+        self.parts = parts_for(spec.layout)(spec, paths, identity, self.device)
         self.backend, self.model = self.parts.backend, self.parts.model
         self.optimizer, self.precision = self.parts.optimizer, self.parts.precision
         # Per-rank streams for dropout and other model randomness; augmentation does not use
@@ -167,7 +178,7 @@ class Trainer:
 
     def train_steps(self, count: int) -> None:
         """`count` more optimizer steps (fewer at total_steps), across epoch ends: fit()'s loop
-        without its start and end, for `bench train`."""
+        without its start and end (`bench train` calls it alone)."""
         until = min(self.step + count, self.total_steps)
         while self.step < until:
             epoch, done_in_epoch = divmod(self.step, self.steps_per_epoch)
@@ -184,9 +195,7 @@ class Trainer:
                 total_steps=self.total_steps, steps_per_epoch=self.steps_per_epoch,
                 world_size=self.identity.size, global_batch=self.spec.samples_per_step,
                 peak_lr=self.spec.scaled_lr, device=str(self.device)))
-        while self.step < self.total_steps:
-            epoch, done_in_epoch = divmod(self.step, self.steps_per_epoch)
-            self.train_epoch(epoch, done_in_epoch)
+        self.train_steps(self.total_steps - self.step)
         self.checkpoints.save("final")
         self.checkpoints.finish_writes()
         events.try_record(self.paths, events.rank_finished(
@@ -225,10 +234,9 @@ class Trainer:
                 yield group
                 group = []
 
-    def train_epoch(self, epoch: int, done_in_epoch: int, until: int | None = None) -> None:
-        """The rest of `epoch` from step `done_in_epoch` on (up to step `until`, default
-        total_steps): the sampler skips what was trained."""
-        until = self.total_steps if until is None else until
+    def train_epoch(self, epoch: int, done_in_epoch: int, until: int) -> None:
+        """The rest of `epoch` from step `done_in_epoch` on, up to step `until`: the sampler
+        skips what was trained."""
         self.sampler.set_epoch(epoch, self.consumed_in_epoch(done_in_epoch))
         self.model.train()
         window = Window()

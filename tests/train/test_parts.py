@@ -14,12 +14,12 @@ from hpc_train.parallel.layout import Parallelism, ParallelLayout
 from hpc_train.rundir import RunPaths
 from hpc_train.runtime.heartbeat import Phase
 from hpc_train.spec import spec_from_dict
-from hpc_train.train import factory
+from hpc_train.train import trainer
 from hpc_train.train.checkpointing import Checkpointing
 from hpc_train.train.parts import Collectives, TrainingParts
 from hpc_train.train.pipeline_trainer import PipelineParts
 from hpc_train.train.state import CheckpointedState, ModelWeights, Progress
-from hpc_train.train.trainer import DataParallelParts
+from hpc_train.train.trainer import PARTS, DataParallelParts, parts_for
 
 
 def test_the_layout_names_its_parallelism():
@@ -44,15 +44,28 @@ def test_the_spec_puts_its_parallelism_in_the_layout(model, data, stages, parall
     (ParallelLayout(4, stages=2), PipelineParts),
     (ParallelLayout(2, 1, Parallelism.PIPELINE), PipelineParts),
 ])
-def test_the_layout_picks_the_parts_whatever_the_model_is_called(monkeypatch, layout, parts):
-    made = {}
-    monkeypatch.setattr(factory, "Trainer", lambda *args, **options: made.update(
-        parts=args[3], options=options))
-    for name in ("gpt", "resnet50"):
-        spec = SimpleNamespace(layout=layout, model=SimpleNamespace(name=name))
-        factory.make_trainer(spec, "paths", "identity", stop="stop")
-        assert made == {"parts": parts, "options": {"stop": "stop"}}
-    assert set(factory.PARTS) == set(Parallelism)        # every parallelism has its parts
+def test_the_layout_alone_picks_the_parts(layout, parts):
+    assert parts_for(layout) is parts
+    assert set(PARTS) == set(Parallelism)        # every parallelism has its parts
+
+
+class Asked(Exception):
+    pass
+
+
+def test_the_trainer_asks_its_layout_for_its_parts(monkeypatch, tmp_path):
+    asked = []
+
+    def parts_for(layout):
+        asked.append(layout)
+        raise Asked
+
+    monkeypatch.setattr(trainer, "parts_for", parts_for)
+    monkeypatch.setattr(torch, "set_num_threads", lambda threads: None)
+    spec = spec_from_dict({"run": {"name": "t"}})
+    with pytest.raises(Asked):
+        trainer.Trainer(spec, RunPaths(tmp_path), RankInfo())
+    assert asked == [spec.layout]
 
 
 class OneLayer:
