@@ -27,7 +27,7 @@ from hpc_train.errors import CheckpointError, CheckpointMismatch
 from hpc_train.launch.identity import RankInfo
 from hpc_train.rundir import RunPaths
 from hpc_train.runtime.faults import FaultInjector
-from hpc_train.runtime.heartbeat import NoHeartbeat, Phase
+from hpc_train.runtime.heartbeat import Phase
 from hpc_train.runtime.stop import StopFlag, agreed_reason, one_hot, should_agree
 from hpc_train.spec import spec_hash, spec_to_dict
 from hpc_train.train import state
@@ -46,10 +46,10 @@ class Checkpointing:
     every wait and what a checkpoint is checked against at resume; the collectives agree."""
 
     def __init__(self, states: state.CheckpointedState, progress: state.Progress, spec,
-                 paths: RunPaths, identity: RankInfo, collectives: Collectives, heartbeat=None,
+                 paths: RunPaths, identity: RankInfo, collectives: Collectives, heartbeat,
                  stop: StopFlag | None = None):
         self.states, self.progress, self.paths, self.identity = states, progress, paths, identity
-        self.collectives, self.heartbeat = collectives, heartbeat or NoHeartbeat()
+        self.collectives, self.heartbeat = collectives, heartbeat
         self.config = ckpt = spec.checkpoint
         self.manager = CheckpointManager(paths.checkpoints, identity.rank, identity.size,
                                          collectives.barrier, keep_last=ckpt.keep_last,
@@ -66,9 +66,6 @@ class Checkpointing:
         self.snapshot = HostSnapshot()
         if self.asynchronous:
             guard_forks(self.writer)
-
-    def _spec_change_allowed(self, saved_hash: str | None) -> bool:
-        return run_state.read(self.paths).allows(saved_hash, self.hash)
 
     def resume(self) -> bool:
         """Load the newest complete checkpoint that loads on every rank, if any.
@@ -100,12 +97,11 @@ class Checkpointing:
         """Load and restore `step` on this rank: None, or why it failed."""
         try:
             replicated, per_rank, meta = self.manager.load(step)
-            self._changed = state.check_spec(replicated["spec"], self.spec_dict,
-                                             allowed=meta.get("spec_hash") == self.hash
-                                             or self._spec_change_allowed(meta.get("spec_hash")))
+            saved = meta.get("spec_hash")     # a change `resume --allow-spec-change` consented to
+            allowed = saved == self.hash or run_state.read(self.paths).allows(saved, self.hash)
+            self._changed = state.check_spec(replicated["spec"], self.spec_dict, allowed=allowed)
             self._saved_world_size = meta.get("world_size")
-            self.states.load(replicated, per_rank,
-                                     lambda name: self.manager.load_file(step, name))
+            self.states.load(replicated, per_rank, lambda name: self.manager.load_file(step, name))
         except CheckpointMismatch:
             raise
         except CheckpointError as exc:

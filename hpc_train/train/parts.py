@@ -1,7 +1,7 @@
 """The seam between the training loop and a kind of job: `TrainingParts`, what a trainer is given.
 
 One `Trainer` runs every job; the parts of its layout's `Parallelism` (`train/trainer.py: PARTS`)
-provide what differs: the model and its collectives, one optimizer step, evaluation, and their
+provide what differs: the model and its collectives, one optimizer step, evaluation and their
 checkpoint components (named Stateful objects, as torchtitan's). A sharded backend (FSDP,
 DeepSpeed ZeRO) is one more class with these members and one more entry in PARTS.
 """
@@ -28,9 +28,9 @@ class Collectives(Protocol):
 
 @runtime_checkable
 class TrainingParts(Protocol):
-    """Built on every rank by a `PartsFactory`; the loop adds its own checkpoint components to
-    `states()`; `train_step` gives (this rank's loss, None where it computes none; applied);
-    `evaluate` gives this rank's (loss sum, correct, count), calling `tick` per batch."""
+    """`states()`: this kind's checkpoint components (the loop adds its own); `train_step`:
+    (this rank's loss, None where it computes none; applied); `evaluate`: this rank's (loss
+    sum, correct, count), calling `tick` per batch."""
 
     model: torch.nn.Module            # this rank's model (or its stage): digested at the end
     backend: Collectives

@@ -132,7 +132,7 @@ def test_checkpointing_saves_and_resumes_from_its_collaborators(tmp_path, write)
     spec = spec_from_dict({"run": {"name": "t"}, "checkpoint": {"write": write}})
     paths = RunPaths(tmp_path)
 
-    def checkpointing(model, progress, heartbeat=None):
+    def checkpointing(model, progress, heartbeat):
         states = CheckpointedState(replicated={"model": ModelWeights(model), "progress": progress})
         return Checkpointing(states, progress, spec, paths, RankInfo(), Alone(), heartbeat)
 
@@ -143,5 +143,5 @@ def test_checkpointing_saves_and_resumes_from_its_collaborators(tmp_path, write)
     assert [Phase.CHECKPOINT, Phase.SAVED] == beats.phases[:2]
 
     fresh, fresh_progress = torch.nn.Linear(2, 1), Progress()
-    assert checkpointing(fresh, fresh_progress).resume()
+    assert checkpointing(fresh, fresh_progress, Beats()).resume()
     assert fresh_progress.step == 7 and torch.equal(fresh.weight, model.weight)
