@@ -18,6 +18,8 @@ from pathlib import Path
 
 from hpc_train import events
 from hpc_train.rundir import RunPaths, append_jsonl
+from hpc_train.runtime.heartbeat import Phase
+from hpc_train.spec.schema import DEFAULT_STALL_SECONDS
 from hpc_train.train.timing import medians, repeat
 
 _T0 = 1_790_000_000.0
@@ -40,12 +42,12 @@ def make_run(root: Path, ranks: int = 8, metric_lines: int = 10_000, every: int 
 
     history = [
         events.stamped(events.submitted("42", "slurm", "0" * 64), environ={}, now=_T0 - 5),
-        at(starts[0], events.started(["node0"], ranks, None, [], 300.0), 0),
+        at(starts[0], events.started(["node0"], ranks, None, [], DEFAULT_STALL_SECONDS), 0),
         at(starts[0] + 5, events.training_started(total_steps=total, steps_per_epoch=total // 10,
                                                   world_size=ranks), 0),
         at(starts[0] + half + 6, events.requeued("SIGUSR2", events.CAUSE_STOP, "driver",
                                                  "scontrol requeue accepted", 75, half + 6.0), 0),
-        at(starts[1], events.started(["node0"], ranks, None, [], 300.0), 1),
+        at(starts[1], events.started(["node0"], ranks, None, [], DEFAULT_STALL_SECONDS), 1),
         at(starts[1] + 5, events.resumed(half * every, half * every, [], ranks, []), 1),
         at(starts[1] + half + 12, events.finished("completed", "all ranks finished", 0, half + 12.0), 1),
     ]
@@ -68,7 +70,7 @@ def make_run(root: Path, ranks: int = 8, metric_lines: int = 10_000, every: int 
                                         + f"{_stamp(starts[1] + half + 11)} rank {rank} done\n")
         ended = starts[1] + half + 9
         paths.rank_heartbeat(rank).write_text(json.dumps({
-            "rank": rank, "host": "node0", "pid": 1000 + rank, "step": total, "phase": "saved",
+            "rank": rank, "host": "node0", "pid": 1000 + rank, "step": total, "phase": Phase.SAVED,
             "progress": ended, "time": ended}))
     for step in (half * every, total):
         directory = paths.checkpoints / f"step-{step:08d}"

@@ -26,6 +26,7 @@ from hpc_train.bench.train_rank import LAUNCH_ENV
 from hpc_train.errors import HpcTrainError, LaunchError
 from hpc_train.job.driver import current_allocation
 from hpc_train.launch.allocation import Allocation
+from hpc_train.parallel.layout import Parallelism
 from hpc_train.rundir import RunPaths
 from hpc_train.train.timing import Stopwatch
 
@@ -63,7 +64,7 @@ def load_bench_spec(spec_file: str, overrides: list[str]):
     spec, warnings = validate_spec_file(spec_file, overrides)
     for warning in warnings:
         print(f"warning: {warning}", file=sys.stderr)
-    if spec.uses_pipeline or spec.model.name == "gpt":
+    if spec.parallelism is not Parallelism.DATA_PARALLEL:
         raise HpcTrainError("bench train measures data-parallel image models; for pipeline stages "
                             "use `python -m hpc_train bench pipeline`")
     return resolve_paths(spec)

@@ -85,7 +85,6 @@ class TrainerRun:
 
     def __init__(self, spec, paths, identity, stop, heartbeat, clock, planned: int):
         from hpc_train.errors import HpcTrainError
-        from hpc_train.train.checkpointing import Checkpointing
         from hpc_train.train.trainer import Trainer
 
         self.spec, self.identity, self.clock = spec, identity, clock
@@ -97,10 +96,9 @@ class TrainerRun:
                                 f"not more than the {planned} steps to run: an epoch end would evaluate "
                                 "and checkpoint among the timed steps; lower --warmup and --steps")
         clock.watch(self.trainer.model)
-        self.checkpoints = Checkpointing(self.trainer, stop)
 
     def steps(self, count: int) -> None:
-        self.trainer.train_steps(count, self.checkpoints)
+        self.trainer.train_steps(count)
 
     def recorded(self) -> dict:
         from hpc_train.launch.horovod import read_knobs
@@ -254,6 +252,7 @@ def main(argv: list[str] | None = None) -> int:
     from hpc_train.job.worker import join_network, start_heartbeat, start_rank
     from hpc_train.launch.identity import rank_from_env
     from hpc_train.rundir import RunPaths
+    from hpc_train.runtime.heartbeat import Phase
 
     root = Path(args[0])
     identity = rank_from_env(os.environ)
@@ -272,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
         results = {"rank": identity.rank, "size": identity.size, "host": socket.gethostname(),
                    "launch": launch_id, "round": launch["round"], "configs": [], "allreduce": None}
         for unit in launch["units"]:
-            heartbeat.progress(phase=f"bench {' + '.join(unit)}")
+            heartbeat.progress(phase=Phase.BENCH)
             done = bench.pair(*unit) if len(unit) == 2 else bench.solo(*unit)
             results["configs"] += done
             log.info("%s: %d steps in %.1f s", " + ".join(unit), plan["steps"], done[-1]["seconds"])
@@ -280,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
         if launch.get("allreduce"):
             from hpc_train.bench.allreduce import measure
 
-            heartbeat.progress(phase="bench allreduce")
+            heartbeat.progress(phase=Phase.BENCH)
             device = _device_of(plan["gpu"], identity)
             quiesce_horovod(keep=True)
             spec = plan["allreduce"]

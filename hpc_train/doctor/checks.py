@@ -19,6 +19,7 @@ from importlib import metadata
 from hpc_train import _proc, scheduler
 from hpc_train.launch.local import find_local_mpirun
 from hpc_train.launch.mpi import MpiFlavour
+from hpc_train.launch.network import DEFAULT_MASTER_PORT
 
 SETUP_FIX = "run `bash env/setup.sh` from the repository root"
 SLURM_FIX = "start the single-node cluster with `bash env/slurm/start.sh`, or load your site's Slurm module"
@@ -181,7 +182,7 @@ def check_slurm() -> list[Check]:
 def check_master_addr() -> list[Check]:
     """The rendezvous host for torch.distributed: resolvable, and its port usable or reachable."""
     host = os.environ.get("MASTER_ADDR") or socket.gethostname()
-    port = int(os.environ.get("MASTER_PORT", "29500"))
+    port = int(os.environ.get("MASTER_PORT", DEFAULT_MASTER_PORT))
     name = "MASTER_ADDR"
     try:
         addr = socket.gethostbyname(host)

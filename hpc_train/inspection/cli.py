@@ -18,6 +18,7 @@ from hpc_train.rundir import RunPaths
 _JOB_ID = re.compile(r"\d+(_\d+)?")
 _FAILED = {*scheduler.FAILED_STATES, "CANCELLED"}
 _TAIL_BYTES = 64 * 1024      # a running job's stall warning is near the end of rank 0's log
+QUIET_MINUTES = 10.0   # status --stall-minutes: no heartbeat nor metric this long reads "no progress"
 
 
 def run_dirs(root: Path) -> list[Path]:
@@ -54,7 +55,7 @@ def _tail_lines(path: Path) -> list[str]:
 
 
 def build_status(run_dir: Path, slurm: bool = True, baseline: float | None = None,
-                 quiet_minutes: float = 10.0):
+                 quiet_minutes: float = QUIET_MINUTES):
     """One run's RunStatus, with Slurm's live state and a diagnosis when it failed or stalls."""
     from hpc_train import events as ev
     from hpc_train.inspection import diagnose, logs, signatures, summary
@@ -180,8 +181,8 @@ def register(commands: argparse._SubParsersAction) -> None:
                         help="refresh every SECONDS (default 5) until Ctrl-C")
     status.add_argument("--baseline", metavar="RUN_DIR",
                         help="a single-rank run of the same job: shows the scaling efficiency")
-    status.add_argument("--stall-minutes", type=float, default=10.0, metavar="M",
-                        help="no heartbeat or metric for M minutes counts as no progress (10)")
+    status.add_argument("--stall-minutes", type=float, default=QUIET_MINUTES, metavar="M",
+                        help=f"no heartbeat or metric for M minutes counts as no progress ({QUIET_MINUTES:g})")
     status.add_argument("--no-slurm", dest="slurm", action="store_false",
                         help="do not ask squeue/sacct; the events alone give the state")
     _common(status)

@@ -31,6 +31,7 @@ from hpc_train.inspection.signatures import (BY_ID, STALL_ADVICE, STALL_DONE, ST
 from hpc_train.scheduler import Job
 from hpc_train.rundir import EVENTS_FILE, RunPaths
 from hpc_train.runtime import heartbeat
+from hpc_train.spec.schema import DEFAULT_STALL_SECONDS
 
 # Exceptions that are consequences of another rank's failure, not causes.
 _CONSEQUENCES = ("Connection closed by peer", "Connection reset by peer", "Broken pipe",
@@ -142,7 +143,7 @@ def live_stall(beats: dict[int, heartbeat.Beat], history: list[dict], now: float
                lines: dict[int, list[Line]]) -> dict | None:
     """Ranks holding a RUNNING run now, from its heartbeats (health.stalled_now, as `status`)."""
     launched = events.start_time(history)
-    stall_seconds = events.stall_seconds(history, health.DEFAULT_STALL_SECONDS)
+    stall_seconds = events.stall_seconds(history, DEFAULT_STALL_SECONDS)
     held = health.stalled_now(beats, events.world_size(history), launched, now, stall_seconds)
     if not held:
         return None

@@ -20,10 +20,9 @@ from dataclasses import asdict, dataclass, field
 
 from hpc_train.job.watchdog import StalledRank, culprits, silent_after
 from hpc_train.runtime.heartbeat import Beat, beat_interval
+from hpc_train.spec.schema import DEFAULT_STALL_SECONDS
 
-DEFAULT_STALL_SECONDS = 300.0   # launch.stall_seconds' default: for runs that did not record it
-
-__all__ = ["DEFAULT_STALL_SECONDS", "Beat", "Health", "assess", "describe", "stalled_now"]
+__all__ = ["Beat", "Health", "assess", "describe", "stalled_now"]
 
 
 @dataclass

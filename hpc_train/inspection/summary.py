@@ -12,10 +12,11 @@ from pathlib import Path
 
 from hpc_train import events as ev
 from hpc_train.checkpoint.layout import MARKER, list_complete, step_dir_name
-from hpc_train.inspection.health import DEFAULT_STALL_SECONDS, Beat, Health, assess
+from hpc_train.inspection.health import Beat, Health, assess
 from hpc_train.rundir import RunPaths, read_jsonl
 from hpc_train.runtime import heartbeat
 from hpc_train.scheduler import Job
+from hpc_train.spec.schema import DEFAULT_STALL_SECONDS
 
 # Throughput fields a trainer may log, with their unit (pipeline runs log samples or tokens).
 THROUGHPUT_FIELDS = (("images_per_s", "images/s"), ("samples_per_s", "samples/s"),

@@ -19,6 +19,7 @@ from hpc_train.data.stage import Staged, expand_place, stage, wait_verdict, writ
 from hpc_train.errors import DataError
 from hpc_train.launch.identity import LAUNCH_ID_ENV, RankInfo
 from hpc_train.rundir import RunPaths
+from hpc_train.runtime.heartbeat import Phase
 from hpc_train.runtime.stop import DEADLINE_ENV
 
 log = logging.getLogger("hpc_train.staging")
@@ -35,7 +36,7 @@ def stage_data(spec, paths: RunPaths, identity: RankInfo, heartbeat, environ=os.
         if identity.local_rank == 0:
             log.warning("staging skipped: %s; reading %s", why, data.path)
         return None
-    heartbeat.progress(phase="staging")
+    heartbeat.progress(phase=Phase.STAGING)
     token = environ.get(LAUNCH_ID_ENV) or f"{socket.gethostname()}-{os.getppid()}"
     if identity.local_rank == 0:
         staged = _copy_for_the_node(Path(data.path), place, token, heartbeat)
@@ -51,7 +52,7 @@ def stage_data(spec, paths: RunPaths, identity: RankInfo, heartbeat, environ=os.
 
 def _copy_for_the_node(shared: Path, place: Path, token: str, heartbeat) -> Staged:
     try:
-        staged = stage(shared, place, token, beat=lambda: heartbeat.progress(phase="staging"))
+        staged = stage(shared, place, token, beat=lambda: heartbeat.progress(phase=Phase.STAGING))
     except OSError as exc:   # no such disk, no permission, full while copying
         staged = Staged(str(shared), False, token=token,
                         note=f"staging to {place} failed ({exc}): reading the shared path")

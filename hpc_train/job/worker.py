@@ -21,9 +21,10 @@ from hpc_train.launch.identity import rank_from_env
 from hpc_train.launch.network import NETWORK_ENV, rank_interface_env
 from hpc_train.rundir import RunPaths
 from hpc_train.runtime.gpu_sampler import start_sampler
-from hpc_train.runtime.heartbeat import Heartbeat
+from hpc_train.runtime.heartbeat import Heartbeat, Phase
 from hpc_train.runtime.netif import ipv4_addresses
 from hpc_train.runtime.stop import STALL_ENV, STOP_EXIT, StopFlag
+from hpc_train.spec.schema import DEFAULT_STALL_SECONDS
 
 
 def redirect_output(path: Path) -> None:
@@ -83,7 +84,8 @@ def start_rank(paths: RunPaths, rank: int) -> StopFlag:
 
 def start_heartbeat(paths: RunPaths, rank: int) -> Heartbeat:
     """The rank's heartbeat thread, beating at the driver's launch.stall_seconds."""
-    return Heartbeat(paths.rank_heartbeat(rank), rank, float(os.environ.get(STALL_ENV) or 300)).start()
+    stall_seconds = float(os.environ.get(STALL_ENV) or DEFAULT_STALL_SECONDS)
+    return Heartbeat(paths.rank_heartbeat(rank), rank, stall_seconds).start()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -106,14 +108,14 @@ def main(argv: list[str] | None = None) -> int:
         from hpc_train.job.staging import stage_data
         from hpc_train.spec import load_spec
         from hpc_train.train.checkpointing import StopForRequeue
-        from hpc_train.train.pipeline_trainer import make_trainer
+        from hpc_train.train.trainer import Trainer
 
-        heartbeat.progress(phase="network")
+        heartbeat.progress(phase=Phase.NETWORK)
         join_network(os.environ, identity.rank)
         spec = load_spec(paths.spec)
         data_root = stage_data(spec, paths, identity, heartbeat)
-        heartbeat.progress(phase="building")
-        trainer = make_trainer(spec, paths, identity, stop, heartbeat, data_root=data_root)
+        heartbeat.progress(phase=Phase.BUILDING)
+        trainer = Trainer(spec, paths, identity, stop, heartbeat, data_root=data_root)
         try:
             trainer.fit()
         except StopForRequeue as stop_reason:

@@ -15,6 +15,7 @@ import ipaddress
 from collections.abc import Iterable
 
 NETWORK_ENV = "HPC_TRAIN_NETWORK"  # the setting, passed to the ranks by the driver
+DEFAULT_MASTER_PORT = "29500"      # torch.distributed's rendezvous port when MASTER_PORT is unset
 # The per-rank variables the setting owns; a spec that also sets one in launch.env is refused.
 RANK_INTERFACE_VARS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "HOROVOD_GLOO_IFACE")
 MPI_INTERFACE_VARS = ("OMPI_MCA_btl_tcp_if_include", "OMPI_MCA_oob_tcp_if_include")

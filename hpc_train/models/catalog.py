@@ -69,6 +69,7 @@ class GptOptions:
 class Model:
     builder: str    # "module:function": called as function(num_classes, **inputs, **options)
     options: type   # the options dataclass: names, types, defaults and limits
+    block_list: bool = False   # built as a block list: trains on the pipeline, one stage or more
 
     @property
     def option_names(self) -> tuple[str, ...]:
@@ -83,7 +84,7 @@ MODELS: dict[str, Model] = {
     **{name: _torchvision(name) for name in ("resnet18", "resnet34", "resnet50", "resnet101",
                                              "resnet152")},
     "resnet_tiny": Model("hpc_train.models.resnet:resnet_tiny", TinyResNetOptions),
-    "gpt": Model("hpc_train.models.gpt:gpt", GptOptions),   # num_classes: the vocabulary size
+    "gpt": Model("hpc_train.models.gpt:gpt", GptOptions, block_list=True),   # num_classes: vocabulary
 }
 
 MODEL_NAMES: tuple[str, ...] = tuple(MODELS)

@@ -17,6 +17,7 @@ import torch
 
 from hpc_train.launch.horovod import read_knobs
 from hpc_train.launch.identity import RankInfo
+from hpc_train.launch.network import DEFAULT_MASTER_PORT
 
 
 class HorovodBackend:
@@ -81,7 +82,7 @@ def init_torch_distributed(rank: int, world: int, device: torch.device) -> None:
                                f"{dist.get_world_size()}, asked for {rank}/{world}")
         return
     addr = os.environ.get("MASTER_ADDR", "127.0.0.1")
-    port = os.environ.get("MASTER_PORT", "29500")
+    port = os.environ.get("MASTER_PORT", DEFAULT_MASTER_PORT)
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
                             init_method=f"tcp://{addr}:{port}", rank=rank, world_size=world)
 

@@ -9,11 +9,22 @@ rank = replica * K + stage: the ranks of one pipeline are consecutive, so with o
 a pipeline fills a node's GPUs first and its point-to-point traffic stays on NVLink, while the
 replica all-reduce (once per step) crosses nodes. Without a pipeline (K = 1) every rank is a
 replica of its own.
+
+The layout also names what runs each rank's step (`Parallelism`): the trainer takes its parts
+from it, never from the model's name.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import Enum
+
+
+class Parallelism(str, Enum):
+    """What runs a rank's step: the kind of parts the trainer is given."""
+
+    DATA_PARALLEL = "data_parallel"   # the whole model on every rank, gradients averaged
+    PIPELINE = "pipeline"             # a block list cut into stages (one stage or more)
 
 
 class LayoutError(ValueError):
@@ -33,10 +44,14 @@ class LayoutError(ValueError):
 class ParallelLayout:
     world_size: int
     stages: int = 1
+    parallelism: Parallelism | None = None   # None: the pipeline with stages > 1, else data parallel
 
     def __post_init__(self):
         if self.world_size < 1 or self.stages < 1 or self.world_size % self.stages:
             raise LayoutError(self.world_size, self.stages)
+        if self.parallelism is None:
+            object.__setattr__(self, "parallelism", Parallelism.PIPELINE if self.stages > 1
+                               else Parallelism.DATA_PARALLEL)
 
     @classmethod
     def problem(cls, world_size: int, stages: int) -> LayoutError | None:
@@ -51,10 +66,6 @@ class ParallelLayout:
     def replicas(self) -> int:
         """Data-parallel copies of the model, D = world size / K."""
         return self.world_size // self.stages
-
-    @property
-    def uses_pipeline(self) -> bool:
-        return self.stages > 1
 
     def stage_of(self, rank: int) -> int:
         return rank % self.stages

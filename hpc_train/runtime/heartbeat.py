@@ -27,16 +27,39 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
 
 from hpc_train.rundir import HEARTBEAT_GLOB
 
 STACK_DUMP_HEADER = "hpc_train watchdog: no progress"
+
+
+class Phase(str, Enum):
+    """Where a rank is. The values are the words in heartbeat files (and old runs' files)."""
+
+    STARTING = "starting"
+    NETWORK = "network"
+    STAGING = "staging"        # copying shards to node-local disk
+    BUILDING = "building"
+    RESUMING = "resuming"
+    DATA = "data"
+    TRAIN = "train"
+    SYNC = "sync"
+    EVALUATE = "evaluate"
+    CHECKPOINT = "checkpoint"
+    SAVED = "saved"
+    BENCH = "bench"
+
+    def __str__(self) -> str:
+        return self.value
+
+
 # The phases of one training step, in the order a rank goes through them: fetching the batch,
 # forward/backward/optimizer (gradient collectives included), then the collectives between
 # steps (logged loss, stop agreement, evaluation totals). A rank in an earlier phase of the same
 # step than the others is the one they wait for. They change several times a step: in memory only.
-STEP_PHASES = ("data", "train", "sync")
+STEP_PHASES = (Phase.DATA, Phase.TRAIN, Phase.SYNC)
 
 
 def beat_interval(stall_seconds: float) -> float:
@@ -49,7 +72,7 @@ class Heartbeat:
     def __init__(self, path: Path, rank: int, stall_seconds: float, clock=time.time):
         self.path, self.rank, self.stall_seconds, self.clock = Path(path), rank, stall_seconds, clock
         self.interval = beat_interval(stall_seconds)
-        self.step, self.phase = 0, "starting"
+        self.step, self.phase = 0, Phase.STARTING
         self.progress_time = clock()
         self._dumped_at: float | None = None
         self._stop = threading.Event()
@@ -60,7 +83,7 @@ class Heartbeat:
         self._thread.start()
         return self
 
-    def progress(self, step: int | None = None, phase: str | None = None) -> None:
+    def progress(self, step: int | None = None, phase: Phase | None = None) -> None:
         """Called by the loop: cheap enough for every step and every evaluation batch (no I/O,
         except a beat written at once when the phase changes, a few times per run: a rank that
         freezes right after, before the thread's next beat, is then still shown where it is)."""
@@ -151,7 +174,7 @@ def read_beats(directory: Path, since: float = 0.0) -> dict[int, Beat]:
 class NoHeartbeat:
     """For code that trains outside a run (benchmarks, tests of one process)."""
 
-    def progress(self, step: int | None = None, phase: str | None = None) -> None:
+    def progress(self, step: int | None = None, phase: Phase | None = None) -> None:
         pass
 
     def close(self) -> None:

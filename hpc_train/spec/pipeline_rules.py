@@ -8,14 +8,9 @@ micro-batches that do not split the batch) or fail only after the queue wait.
 from __future__ import annotations
 
 from hpc_train.models.catalog import GptOptions
-from hpc_train.parallel.layout import ParallelLayout
+from hpc_train.parallel.layout import Parallelism, ParallelLayout
 from hpc_train.spec.problems import Problem
 from hpc_train.spec.schema import BYTE_VOCAB, TOKEN_KINDS, JobSpec
-
-
-def runs_stages(spec: JobSpec) -> bool:
-    """gpt jobs run on the pipeline engine, one stage or more (one stage: plain data parallel)."""
-    return spec.uses_pipeline or spec.model.name == "gpt"
 
 
 def gpt_options(spec: JobSpec) -> GptOptions:
@@ -84,7 +79,7 @@ def whole_pipelines(spec: JobSpec) -> list[Problem]:
 
 def microbatches_split_batch(spec: JobSpec) -> list[Problem]:
     micro, batch = spec.parallel.pipeline.microbatches, spec.data.batch_size
-    if not runs_stages(spec) or batch % micro == 0:
+    if spec.parallelism is not Parallelism.PIPELINE or batch % micro == 0:
         return []
     divisors = [d for d in range(1, batch + 1) if batch % d == 0]
     return [Problem("parallel.pipeline.microbatches", f"{micro} with data.batch_size {batch}",
@@ -125,7 +120,7 @@ def balance_matches_model(spec: JobSpec) -> list[Problem]:
 
 
 def pipeline_without_accumulation(spec: JobSpec) -> list[Problem]:
-    if runs_stages(spec) and spec.parallel.accumulation > 1:
+    if spec.parallelism is Parallelism.PIPELINE and spec.parallel.accumulation > 1:
         accumulation = spec.parallel.accumulation
         micro = spec.parallel.pipeline.microbatches * accumulation
         return [Problem("parallel.accumulation", f"{accumulation} with the pipeline engine (gpt)",
@@ -137,7 +132,7 @@ def pipeline_without_accumulation(spec: JobSpec) -> list[Problem]:
 
 
 def pipeline_without_compression(spec: JobSpec) -> list[Problem]:
-    if runs_stages(spec) and spec.parallel.compression != "none":
+    if spec.parallelism is Parallelism.PIPELINE and spec.parallel.compression != "none":
         return [Problem("parallel.compression", f"{spec.parallel.compression!r} with a pipeline",
                         "pipeline jobs average stage gradients with their own bucketed "
                         "all-reduce, uncompressed", "set parallel.compression: none")]
@@ -147,7 +142,7 @@ def pipeline_without_compression(spec: JobSpec) -> list[Problem]:
 def microbatches_unused(spec: JobSpec) -> list[Problem]:
     pipe = spec.parallel.pipeline
     changed = pipe.microbatches != 1 or pipe.remat or pipe.balance != "auto" or pipe.schedule != "gpipe"
-    if not runs_stages(spec) and changed:
+    if spec.parallelism is not Parallelism.PIPELINE and changed:
         return [Problem("parallel.pipeline", "settings with parallel.pipeline.stages 1",
                         "only the gpt model runs on the pipeline engine; these settings are ignored",
                         "set model.name: gpt and parallel.pipeline.stages: 2 or more, or remove them",

@@ -11,13 +11,15 @@ import math
 from dataclasses import MISSING, dataclass, field
 from typing import Any, Callable, Literal, Optional, Union
 
-from hpc_train.models.catalog import MODEL_NAMES, options_of
-from hpc_train.parallel.layout import ParallelLayout
+from hpc_train.models.catalog import MODEL_NAMES, model as model_entry, options_of
+from hpc_train.parallel.layout import Parallelism, ParallelLayout
 from hpc_train.spec import values
 
 ModelName = Literal[MODEL_NAMES]        # the model catalog's names: one list
 TOKEN_KINDS = ("text", "tokens")        # data kinds of token sequences, for the gpt model
 BYTE_VOCAB = 256                        # token values of byte tokens; data/tokens.py reads it here
+DEFAULT_STALL_SECONDS = 300.0           # launch.stall_seconds; also for runs that did not record it
+DEFAULT_INIT_SCALE = 2.0 ** 16          # precision.init_scale, as torch's GradScaler's
 
 
 def spec_field(default: Any = MISSING, *, doc: str, factory: Callable[[], Any] | None = None,
@@ -120,7 +122,7 @@ class LaunchSpec:
                                      factory=dict, key_check=values.check_env_name,
                                      each=values.check_env_value)
     stall_seconds: float = spec_field(
-        300.0, doc="the driver tears the ranks down when no rank progresses for this long, "
+        DEFAULT_STALL_SECONDS, doc="the driver tears the ranks down when no rank progresses for this long, "
         "and requeues the job from its last checkpoint while checkpoint.retries_on_failure "
         "allows (else the job fails): longer than start-up, one step, one evaluation batch "
         "and one checkpoint save", ge=5)
@@ -201,7 +203,7 @@ class PrecisionSpec:
     mode: Literal["fp32", "fp16", "bf16"] = spec_field("fp32", doc="compute precision (autocast)")
     loss_scale: Union[Literal["dynamic"], float] = spec_field(
         "dynamic", doc='fp16 loss scale: "dynamic" (GradScaler) or a fixed number', gt=0)
-    init_scale: float = spec_field(65536.0, doc="first scale of the dynamic loss scaler", gt=0)
+    init_scale: float = spec_field(DEFAULT_INIT_SCALE, doc="first scale of the dynamic loss scaler", gt=0)
 
 
 @dataclass(frozen=True)
@@ -328,7 +330,14 @@ class JobSpec:
         """World size x pipeline stages, and everything derived from them (replicas, each rank's
         stage, replica and data part); raises LayoutError when the ranks do not form whole
         pipelines (the submit-time rule `whole_pipelines` reports that first)."""
-        return ParallelLayout(self.world_size, self.parallel.pipeline.stages)
+        return ParallelLayout(self.world_size, self.parallel.pipeline.stages, self.parallelism)
+
+    @property
+    def parallelism(self) -> Parallelism:
+        """The pipeline for stages > 1 or a block-list model (gpt; one stage is then plain data
+        parallelism of the block list), data parallelism for the rest."""
+        pipeline = self.uses_pipeline or model_entry(self.model.name).block_list
+        return Parallelism.PIPELINE if pipeline else Parallelism.DATA_PARALLEL
 
     @property
     def replicas(self) -> int:

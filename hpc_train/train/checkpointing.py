@@ -24,9 +24,14 @@ from hpc_train.checkpoint.manager import CheckpointManager
 from hpc_train.checkpoint.snapshot import HostSnapshot
 from hpc_train.checkpoint.writer import BackgroundWriter, guard_forks
 from hpc_train.errors import CheckpointError, CheckpointMismatch
+from hpc_train.launch.identity import RankInfo
+from hpc_train.rundir import RunPaths
+from hpc_train.runtime.faults import FaultInjector
+from hpc_train.runtime.heartbeat import Phase
 from hpc_train.runtime.stop import StopFlag, agreed_reason, one_hot, should_agree
-from hpc_train.spec import spec_hash
+from hpc_train.spec import spec_hash, spec_to_dict
 from hpc_train.train import state
+from hpc_train.train.parts import Collectives
 
 log = logging.getLogger("hpc_train.checkpointing")
 
@@ -36,30 +41,31 @@ class StopForRequeue(Exception):
 
 
 class Checkpointing:
-    """Saves and restores `trainer.states` (a `state.CheckpointedState`): which components go to
-    which file is the mapping's, not this class's."""
+    """Saves and restores `states` at the step of `progress`: which components go to which file
+    is the mapping's, not this class's. The spec gives the checkpoint section, the bound on
+    every wait and what a checkpoint is checked against at resume; the collectives agree."""
 
-    def __init__(self, trainer, stop: StopFlag | None = None):
-        self.trainer = trainer
-        ckpt = trainer.spec.checkpoint
-        self.config = ckpt
-        self.manager = CheckpointManager(trainer.paths.checkpoints, trainer.identity.rank,
-                                         trainer.identity.size, trainer.backend.barrier,
-                                         keep_last=ckpt.keep_last, keep_every=ckpt.keep_every)
+    def __init__(self, states: state.CheckpointedState, progress: state.Progress, spec,
+                 paths: RunPaths, identity: RankInfo, collectives: Collectives, heartbeat,
+                 stop: StopFlag | None = None):
+        self.states, self.progress, self.paths, self.identity = states, progress, paths, identity
+        self.collectives, self.heartbeat = collectives, heartbeat
+        self.config = ckpt = spec.checkpoint
+        self.manager = CheckpointManager(paths.checkpoints, identity.rank, identity.size,
+                                         collectives.barrier, keep_last=ckpt.keep_last,
+                                         keep_every=ckpt.keep_every)
         self.stop = stop or StopFlag.from_env()
-        self.hash = spec_hash(trainer.spec)
+        self.spec_dict, self.hash = spec_to_dict(spec), spec_hash(spec)
+        self.faults = FaultInjector(identity.rank)
         self.last_saved_step: int | None = None
         self.last_save_time = time.monotonic()
         self.asynchronous = ckpt.write == "async"
         # Every wait for a write is bounded by the watchdog's limit: past it, the driver would
         # take the rank for stalled anyway.
-        self.writer = BackgroundWriter(timeout=trainer.spec.launch.stall_seconds)
+        self.writer = BackgroundWriter(timeout=spec.launch.stall_seconds)
         self.snapshot = HostSnapshot()
         if self.asynchronous:
             guard_forks(self.writer)
-
-    def _spec_change_allowed(self, saved_hash: str | None) -> bool:
-        return run_state.read(self.trainer.paths).allows(saved_hash, self.hash)
 
     def resume(self) -> bool:
         """Load the newest complete checkpoint that loads on every rank, if any.
@@ -77,9 +83,9 @@ class Checkpointing:
                 return True
             skipped.append(step)
             log.warning("checkpoint step %d does not load, trying an older one: %s", step, error)
-            if self.trainer.identity.is_main:
+            if self.identity.is_main:
                 aside = self.manager.set_aside(step)
-                events.try_record(self.trainer.paths, events.checkpoint_skipped(step, error, str(aside)))
+                events.try_record(self.paths, events.checkpoint_skipped(step, error, str(aside)))
         if skipped:
             raise CheckpointError(f"none of the complete checkpoints under {self.manager.root} "
                                   f"loads (steps {', '.join(map(str, skipped))}; reasons in this "
@@ -91,12 +97,11 @@ class Checkpointing:
         """Load and restore `step` on this rank: None, or why it failed."""
         try:
             replicated, per_rank, meta = self.manager.load(step)
-            self._changed = state.check_spec(replicated["spec"], self.trainer.spec_dict,
-                                             allowed=meta.get("spec_hash") == self.hash
-                                             or self._spec_change_allowed(meta.get("spec_hash")))
+            saved = meta.get("spec_hash")     # a change `resume --allow-spec-change` consented to
+            allowed = saved == self.hash or run_state.read(self.paths).allows(saved, self.hash)
+            self._changed = state.check_spec(replicated["spec"], self.spec_dict, allowed=allowed)
             self._saved_world_size = meta.get("world_size")
-            self.trainer.states.load(replicated, per_rank,
-                                     lambda name: self.manager.load_file(step, name))
+            self.states.load(replicated, per_rank, lambda name: self.manager.load_file(step, name))
         except CheckpointMismatch:
             raise
         except CheckpointError as exc:
@@ -107,31 +112,31 @@ class Checkpointing:
 
     def _agreed(self, error: str | None) -> str | None:
         """This rank's error, or another rank's failure: every rank moves on together."""
-        failed = self.trainer.backend.allreduce_sum(torch.tensor([1.0 if error else 0.0]))
+        failed = self.collectives.allreduce_sum(torch.tensor([1.0 if error else 0.0]))
         if error is None and failed.item() > 0:
             return "it does not load on another rank (see that rank's log)"
         return error
 
     def _resumed(self, step: int, skipped: list[int]) -> None:
-        self.last_saved_step = self.trainer.step
-        if self.trainer.identity.is_main:
-            events.try_record(self.trainer.paths, events.resumed(
-                self.trainer.step, step, self._changed, self._saved_world_size, skipped))
-        log.info("resumed from step %d%s", self.trainer.step,
+        self.last_saved_step = self.progress.step
+        if self.identity.is_main:
+            events.try_record(self.paths, events.resumed(
+                self.progress.step, step, self._changed, self._saved_world_size, skipped))
+        log.info("resumed from step %d%s", self.progress.step,
                  f" (skipped unloadable checkpoints {skipped})" if skipped else "")
 
     def save(self, reason: str) -> None:
         """Save this step; returns once training may change the state again (async: after
         the host copy, while the write goes on in the background)."""
-        step = self.trainer.step
+        step = self.progress.step
         if step == self.last_saved_step:
             return
         started = time.perf_counter()
-        self.trainer.heartbeat.progress(phase="checkpoint")
+        self.heartbeat.progress(phase=Phase.CHECKPOINT)
         self.writer.wait()                  # at most one write in flight; raises a failed one
-        replicated, per_rank, files = self.trainer.states.capture()
-        replicated["spec"] = self.trainer.spec_dict      # checked against the job's at resume
-        per_rank["rank"] = self.trainer.identity.rank
+        replicated, per_rank, files = self.states.capture()
+        replicated["spec"] = self.spec_dict      # checked against the job's at resume
+        per_rank["rank"] = self.identity.rank
         meta = {"spec_hash": self.hash, "reason": reason}
         if self.asynchronous:
             replicated, per_rank, files = self.snapshot.take((replicated, per_rank, files))
@@ -143,14 +148,14 @@ class Checkpointing:
             path = self.manager.save(step, replicated, per_rank, meta, files)
             self._saved(step, reason, path, started, time.perf_counter() - started)
         self.last_saved_step, self.last_save_time = step, time.monotonic()
-        self.trainer.heartbeat.progress(phase="saved")
+        self.heartbeat.progress(phase=Phase.SAVED)
 
     def _write(self, step, reason, replicated, per_rank, files, meta, started, blocked) -> None:
         """The background part: no collective here (those belong to the training thread)."""
-        rank0 = self.trainer.identity.rank == 0
+        rank0 = self.identity.rank == 0
 
         def peers_done() -> None:
-            self.trainer.faults.during_write(step)
+            self.faults.during_write(step)
             if rank0:
                 self.manager.wait_for_rank_files(step, self.writer.timeout)
 
@@ -159,8 +164,8 @@ class Checkpointing:
             self._saved(step, reason, path, started, blocked)
 
     def _saved(self, step: int, reason: str, path, started: float, blocked: float) -> None:
-        if self.trainer.identity.is_main:
-            events.try_record(self.trainer.paths, events.checkpoint_saved(
+        if self.identity.is_main:
+            events.try_record(self.paths, events.checkpoint_saved(
                 step, reason, str(path), round(time.perf_counter() - started, 3),
                 blocked_seconds=round(blocked, 3), mode="async" if self.asynchronous else "sync"))
 
@@ -168,22 +173,22 @@ class Checkpointing:
         """Wait for the pending write (bounded), then meet: when this returns on any rank, the
         last checkpoint is complete (rank 0 wrote its marker before reaching the barrier)."""
         if self.asynchronous:
-            self.trainer.heartbeat.progress(phase="checkpoint")
+            self.heartbeat.progress(phase=Phase.CHECKPOINT)
             self.writer.wait()
-            self.trainer.backend.barrier()
+            self.collectives.barrier()
 
     def _agree(self) -> tuple[str | None, bool]:
         """(stop reason, time-based save due), the same on every rank."""
         minutes = self.config.every_minutes
         due = minutes is not None and time.monotonic() - self.last_save_time >= 60 * minutes
-        self.trainer.heartbeat.progress(phase="sync")
-        local = one_hot(self.stop.local_code()) + [1.0 if due and self.trainer.identity.is_main else 0.0]
-        summed = self.trainer.backend.allreduce_sum(torch.tensor(local)).tolist()
+        self.heartbeat.progress(phase=Phase.SYNC)
+        local = one_hot(self.stop.local_code()) + [1.0 if due and self.identity.is_main else 0.0]
+        summed = self.collectives.allreduce_sum(torch.tensor(local)).tolist()
         return agreed_reason(summed[:-1]), summed[-1] > 0
 
     def after_step(self, epoch_end: bool) -> None:
         """Save if due; on an agreed stop, save and raise StopForRequeue."""
-        step = self.trainer.step
+        step = self.progress.step
         self.writer.raise_if_failed()       # a background write that failed fails the rank now
         stop_reason, time_due = self._agree() if should_agree(step) else (None, False)
         every = self.config.every_steps
@@ -192,6 +197,6 @@ class Checkpointing:
         if stop_reason is not None:
             self.save(f"stop: {stop_reason}")
             self.finish_writes()
-            if self.trainer.identity.is_main:
-                events.try_record(self.trainer.paths, events.stop_saved(step, stop_reason))
+            if self.identity.is_main:
+                events.try_record(self.paths, events.stop_saved(step, stop_reason))
             raise StopForRequeue(stop_reason)

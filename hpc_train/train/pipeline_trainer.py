@@ -9,6 +9,8 @@ the loss lives on the last stage, and each stage checkpoints its own weights and
 
 from __future__ import annotations
 
+import logging
+
 import torch
 
 from hpc_train.errors import CheckpointMismatch
@@ -18,10 +20,10 @@ from hpc_train.parallel.data_parallel import init_torch_distributed
 from hpc_train.parallel.pipeline.engine import PipelineConfig, PipelineEngine
 from hpc_train.parallel.pipeline.scaler import AgreedLossScaler
 from hpc_train import events, run_state
-from hpc_train.train.meters import Window
 from hpc_train.train.optim import build_optimizer
 from hpc_train.train.state import CheckpointedState
-from hpc_train.train.trainer import DataParallelParts, Trainer, log
+
+log = logging.getLogger("hpc_train.trainer")
 
 
 def stage_file(stage: int) -> str:
@@ -59,7 +61,7 @@ class StageWeights:
 
 
 class PipelineParts:
-    accuracy_name = "next-token accuracy"
+    """The `TrainingParts` of a pipeline job: this rank's stage, the schedule's step."""
 
     def __init__(self, spec, paths, identity, device: torch.device):
         self.spec = spec
@@ -103,28 +105,17 @@ class PipelineParts:
                 "model": StageWeights(self.engine.module), "optimizer": self.optimizer}},
             writes_files=self.engine.replica == 0)
 
-    def train_step(self, micro_batches, clock=None) -> tuple[float, bool]:
-        # `clock` (bench train's step marks) is not used: the pipeline's step is not broken down.
+    def train_step(self, micro_batches, clock=None) -> tuple[float | None, bool]:
+        """Only last stages compute the loss (None elsewhere): the logged mean is over replicas.
+        `clock` (bench train's step marks) is not used: the pipeline's step is not broken down."""
         (inputs, targets), = micro_batches      # accumulation is 1: micro-batches are the pipeline's
-        loss, applied = self.engine.step(inputs, targets, self.optimizer, self.spec.optim.grad_clip)
-        return (loss or 0.0), applied
-
-    def loss_terms(self, window: Window) -> list[float]:
-        # Only last stages compute the loss: the mean is over replicas, not over all ranks.
-        return [window.loss_sum, float(window.steps)] if self.engine.is_last else [0.0, 0.0]
-
-    def throughput(self, steps: int, elapsed: float) -> dict:
-        samples = self.spec.samples_per_step * steps / elapsed
-        return {"samples_per_s": samples, "tokens_per_s": samples * self.spec.data.seq_len}
-
-    def identity_fields(self) -> dict:
-        return {"stage": self.engine.stage_index, "replica": self.engine.replica}
+        return self.engine.step(inputs, targets, self.optimizer, self.spec.optim.grad_clip)
 
     @torch.no_grad()
-    def evaluate(self, val_loader, tick) -> torch.Tensor:
+    def evaluate(self, val_batches, tick) -> torch.Tensor:
         totals = torch.zeros(3, dtype=torch.float64)   # loss sum, correct tokens, tokens
         skipped = 0
-        for inputs, targets in val_loader:
+        for inputs, targets in val_batches:
             tick()
             if len(inputs) != self.spec.data.batch_size:
                 # The stages fixed their micro-batch shapes at the first step; a short last
@@ -138,10 +129,3 @@ class PipelineParts:
             log.info("eval: %d sequence(s) of a short last batch left out on this replica", skipped)
         return totals
 
-
-def make_trainer(spec, paths, identity, stop=None, heartbeat=None, data_root=None) -> Trainer:
-    """gpt runs on the pipeline engine (with one stage it is plain data parallelism, its
-    micro-batches accumulating); the image models on the data-parallel parts. data_root: a
-    node-local copy of the shards to read instead of data.path."""
-    parts = PipelineParts if spec.model.name == "gpt" else DataParallelParts
-    return Trainer(spec, paths, identity, stop, heartbeat, parts_factory=parts, data_root=data_root)

@@ -43,6 +43,8 @@ from typing import Any, Callable, ContextManager
 
 import torch
 
+from hpc_train.spec.schema import DEFAULT_INIT_SCALE
+
 __all__ = ["MODES", "Precision"]
 
 MODES = ("fp32", "fp16", "bf16")
@@ -51,7 +53,7 @@ _DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 
 class Precision:
     def __init__(self, mode: str = "fp32", device: torch.device | str = "cpu",
-                 loss_scale: str | float = "dynamic", init_scale: float = 2.0 ** 16,
+                 loss_scale: str | float = "dynamic", init_scale: float = DEFAULT_INIT_SCALE,
                  growth_interval: int = 2000) -> None:
         if mode not in MODES:
             raise ValueError(f"precision mode must be one of {MODES}, got {mode!r}")

@@ -2,8 +2,8 @@
 
 Read-only: nothing is created or changed in the run directory. The component names read here
 ("model", "buffers") are the ones `DataParallelParts.states` saves (train/trainer.py).
-Image models only: gpt runs train on the pipeline engine, whose checkpoints hold one file per
-stage, and are refused with a message that says where their validation figures are.
+Data-parallel runs only: pipeline runs (gpt) hold one checkpoint file per stage, and are refused
+with a message that says where their validation figures are.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from hpc_train.checkpoint import layout
 from hpc_train.checkpoint.manager import CheckpointManager
 from hpc_train.errors import CheckpointError, UsageError
 from hpc_train.models import build_model
+from hpc_train.parallel.layout import Parallelism
 from hpc_train.rundir import RunPaths
 
 
@@ -29,7 +30,7 @@ def open_run(run_dir: str | Path):
         raise UsageError(f"{run_dir} is not a run directory: it has no {paths.spec.name}. "
                          "Fix: give a directory that `submit` created (runs/<name>-<stamp>)")
     spec = load_spec(paths.spec)
-    if spec.model.name == "gpt":
+    if spec.parallelism is not Parallelism.DATA_PARALLEL:
         raise UsageError(f"{run_dir} trains gpt on the pipeline engine (a checkpoint file per "
                          "stage); evaluate and export take the image models (resnet*) only. Its "
                          "validation loss and next-token accuracy are the \"split\": \"val\" lines "

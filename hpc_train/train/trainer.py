@@ -14,13 +14,15 @@ import torch
 
 from hpc_train.models import build_model
 from hpc_train.parallel.data_parallel import make_backend
+from hpc_train.parallel.layout import Parallelism, ParallelLayout
 from hpc_train import events
 from hpc_train.rundir import RunPaths, append_jsonl
 from hpc_train.runtime.faults import FaultInjector
-from hpc_train.runtime.heartbeat import NoHeartbeat
+from hpc_train.runtime.heartbeat import NoHeartbeat, Phase
 from hpc_train.launch.identity import RankInfo
 from hpc_train.runtime.stop import StopFlag
 from hpc_train.spec import dump_spec_yaml, spec_to_dict
+from hpc_train.spec.schema import TOKEN_KINDS
 from hpc_train.train.state import (CheckpointedState, ModelBuffers, ModelWeights, Progress,
                                    RngStreams, SamplerPosition)
 from hpc_train.train.checkpointing import Checkpointing
@@ -28,6 +30,8 @@ from hpc_train.train.data import DeviceInputs, build_loaders, normalizes_on_devi
 from hpc_train.train.evaluation import evaluate_classifier
 from hpc_train.train.meters import Window
 from hpc_train.train.optim import build_optimizer
+from hpc_train.train.parts import PartsFactory
+from hpc_train.train.pipeline_trainer import PipelineParts
 from hpc_train.train.precision import Precision
 from hpc_train.train.schedule import LrSchedule
 from hpc_train.train.step import optimizer_step
@@ -59,11 +63,8 @@ def parameters_digest(model: torch.nn.Module) -> str:
 
 
 class DataParallelParts:
-    """The parts of a data-parallel job: the whole model on every rank, Horovod or DDP averaging
-    gradients, mixed precision with a GradScaler. Another kind of job (the pipeline) provides
-    other parts to the same `Trainer`."""
-
-    accuracy_name = "accuracy"
+    """The `TrainingParts` of a data-parallel job: the whole model on every rank, Horovod or DDP
+    averaging gradients, mixed precision with a GradScaler."""
 
     def __init__(self, spec, paths: RunPaths, identity: RankInfo, device: torch.device):
         self.spec, self.device = spec, device
@@ -92,42 +93,47 @@ class DataParallelParts:
         return optimizer_step(self.model, self.optimizer, micro_batches, self.criterion,
                               self.precision, self.backend, self.spec.optim.grad_clip, clock)
 
-    def loss_terms(self, window: Window) -> list[float]:
-        """This rank's share of the logged mean loss: [loss sum, steps it counts]."""
-        return [window.loss_sum, float(window.steps)]
-
-    def throughput(self, steps: int, elapsed: float) -> dict:
-        return {"images_per_s": self.spec.samples_per_step * steps / elapsed}
-
-    def identity_fields(self) -> dict:
-        """Extra fields naming this rank's part of the model in events (none: whole model)."""
-        return {}
-
-    def evaluate(self, val_loader, tick) -> torch.Tensor:
+    def evaluate(self, val_batches, tick) -> torch.Tensor:
         """This rank's (loss sum, correct, count) over its validation part; `evaluate` RUN_DIR
         runs the same function, so it reproduces these sums."""
-        totals = evaluate_classifier(self.model, val_loader, self.device, self.precision.autocast,
+        totals = evaluate_classifier(self.model, val_batches, self.device, self.precision.autocast,
                                      self.spec.data.num_classes, tick)
         return totals[:3].clone()
 
 
+PARTS: dict[Parallelism, PartsFactory] = {Parallelism.DATA_PARALLEL: DataParallelParts,
+                                          Parallelism.PIPELINE: PipelineParts}
+
+
+def parts_for(layout: ParallelLayout) -> PartsFactory:
+    """The parts a layout's ranks are given: the only place a kind of job is chosen."""
+    return PARTS[layout.parallelism]
+
+
+def throughput(spec, steps: int, elapsed: float) -> dict[str, float]:
+    """Samples per second, named by what a sample is: an image, or a token sequence (and tokens)."""
+    samples = spec.samples_per_step * steps / elapsed
+    if spec.data.kind in TOKEN_KINDS:
+        return {"samples_per_s": samples, "tokens_per_s": samples * spec.data.seq_len}
+    return {"images_per_s": samples}
+
+
 class Trainer:
-    """The training loop of every job; the parts (`parts_factory(spec, paths, identity, device)`)
-    provide the model, its step, evaluation and their checkpointed components."""
+    """The training loop of every job; the parts of its layout (`parts_for`, a `TrainingParts`)
+    provide the model, its step, evaluation and their checkpoint components. data_root: a
+    node-local copy of the shards to read instead of data.path."""
 
     def __init__(self, spec, paths: RunPaths, identity: RankInfo, stop: StopFlag | None = None,
-                 heartbeat=None, parts_factory=DataParallelParts, data_root=None, clock=NO_CLOCK):
+                 heartbeat=None, data_root=None, clock=NO_CLOCK):
         self.spec, self.paths, self.identity = spec, paths, identity
         self.clock = clock   # marks each step's parts for `bench train`; training's does nothing
-        self.spec_dict = spec_to_dict(spec)
-        self.stop = stop
         self.heartbeat = heartbeat or NoHeartbeat()
         self.faults = FaultInjector(identity.rank)
         self.device = pick_device(spec, identity)
         # Built once from spec + identity; every per-rank answer (stage, replica, data part) is its.
         self.place = spec.layout.of_rank(identity.rank)
         torch.set_num_threads(spec.slurm.cpus_per_task)
-        self.parts = parts_factory(spec, paths, identity, self.device)
+        self.parts = parts_for(spec.layout)(spec, paths, identity, self.device)
         self.backend, self.model = self.parts.backend, self.parts.model
         self.optimizer, self.precision = self.parts.optimizer, self.parts.precision
         # Per-rank streams for dropout and other model randomness; augmentation does not use
@@ -147,7 +153,8 @@ class Trainer:
             schedule=spec.optim.schedule, milestones=tuple(spec.optim.step_milestones),
             gamma=spec.optim.step_gamma)
         self.progress = Progress()
-        self.states = self._checkpointed()
+        self.checkpoints = Checkpointing(self._checkpointed(), self.progress, spec, paths, identity,
+                                         self.backend, self.heartbeat, stop)
         self.tensorboard: TensorBoardLog | None = None
 
     def _checkpointed(self) -> CheckpointedState:
@@ -169,19 +176,18 @@ class Trainer:
         total = self.steps_per_epoch * self.spec.optim.epochs
         return min(total, self.spec.optim.max_steps or total)
 
-    def train_steps(self, count: int, checkpoints: Checkpointing) -> None:
+    def train_steps(self, count: int) -> None:
         """`count` more optimizer steps (fewer at total_steps), across epoch ends: fit()'s loop
-        without its start and end, for `bench train`."""
+        without its start and end (`bench train` calls it alone)."""
         until = min(self.step + count, self.total_steps)
         while self.step < until:
             epoch, done_in_epoch = divmod(self.step, self.steps_per_epoch)
-            self.train_epoch(epoch, done_in_epoch, checkpoints, until)
+            self.train_epoch(epoch, done_in_epoch, until)
 
     def fit(self) -> None:
         """Train to total_steps, resuming from the latest checkpoint; raises StopForRequeue."""
-        checkpoints = Checkpointing(self, self.stop)
-        self.heartbeat.progress(phase="resuming")
-        resumed = checkpoints.resume()
+        self.heartbeat.progress(phase=Phase.RESUMING)
+        resumed = self.checkpoints.resume()
         self._open_tensorboard()
         if self.identity.is_main and not resumed:
             # The event's field keeps its name `global_batch`: run directories are a file format.
@@ -189,20 +195,19 @@ class Trainer:
                 total_steps=self.total_steps, steps_per_epoch=self.steps_per_epoch,
                 world_size=self.identity.size, global_batch=self.spec.samples_per_step,
                 peak_lr=self.spec.scaled_lr, device=str(self.device)))
-        while self.step < self.total_steps:
-            epoch, done_in_epoch = divmod(self.step, self.steps_per_epoch)
-            self.train_epoch(epoch, done_in_epoch, checkpoints)
-        checkpoints.save("final")
-        checkpoints.finish_writes()
+        self.train_steps(self.total_steps - self.step)
+        self.checkpoints.save("final")
+        self.checkpoints.finish_writes()
         events.try_record(self.paths, events.rank_finished(
-            self.identity.rank, self.step, parameters_digest(self.model), **self.parts.identity_fields()))
+            self.identity.rank, self.step, parameters_digest(self.model), stage=self.place.stage,
+            replica=self.place.replica))
         self.backend.shutdown()
 
     def _open_tensorboard(self) -> None:
         """Rank 0's event files, continuing at this run's first step (see tensorboard_log)."""
         if self.identity.is_main and self.spec.log.tensorboard:
             self.tensorboard = TensorBoardLog(self.paths.tensorboard, self.step + 1 if self.step else 0,
-                                              self.spec_dict, dump_spec_yaml(self.spec))
+                                              spec_to_dict(self.spec), dump_spec_yaml(self.spec))
 
     def _write_metrics(self, record: dict) -> None:
         append_jsonl(self.paths.metrics, record)
@@ -229,11 +234,9 @@ class Trainer:
                 yield group
                 group = []
 
-    def train_epoch(self, epoch: int, done_in_epoch: int, checkpoints: Checkpointing,
-                    until: int | None = None) -> None:
-        """The rest of `epoch` from step `done_in_epoch` on (up to step `until`, default
-        total_steps): the sampler skips what was trained."""
-        until = self.total_steps if until is None else until
+    def train_epoch(self, epoch: int, done_in_epoch: int, until: int) -> None:
+        """The rest of `epoch` from step `done_in_epoch` on, up to step `until`: the sampler
+        skips what was trained."""
         self.sampler.set_epoch(epoch, self.consumed_in_epoch(done_in_epoch))
         self.model.train()
         window = Window()
@@ -243,13 +246,13 @@ class Trainer:
                 break
             # The step this rank works on: a rank stuck between steps stays behind the others,
             # which wait for it inside the next one (the watchdog names it that way).
-            self.heartbeat.progress(step=self.step + 1, phase="data")
+            self.heartbeat.progress(step=self.step + 1, phase=Phase.DATA)
             self.clock.mark("start")
             fetch_start = time.perf_counter()
             micro_batches = next(steps)
             data_seconds = time.perf_counter() - fetch_start
             self.clock.mark("data")
-            self.heartbeat.progress(phase="train")
+            self.heartbeat.progress(phase=Phase.TRAIN)
             lr = self.schedule.apply(self.optimizer, self.step)
             loss, applied = self.parts.train_step(micro_batches, self.clock)
             self.progress.step += 1
@@ -261,17 +264,17 @@ class Trainer:
             epoch_end = in_epoch == self.steps_per_epoch - 1
             if epoch_end and self.val_loader is not None:
                 self.evaluate(epoch)
-            checkpoints.after_step(epoch_end)
+            self.checkpoints.after_step(epoch_end)
             self.clock.mark("end")
 
     def _log(self, epoch: int, lr: float, window: Window) -> None:
-        # One small collective per logged step: the mean loss over all ranks.
-        self.heartbeat.progress(phase="sync")
-        summed = self.backend.allreduce_sum(torch.tensor(self.parts.loss_terms(window)))
+        # One small collective per logged step: the mean loss over the ranks that compute one.
+        self.heartbeat.progress(phase=Phase.SYNC)
+        summed = self.backend.allreduce_sum(torch.tensor([window.loss_sum, float(window.loss_steps)]))
         elapsed = window.elapsed()
         if not self.identity.is_main:
             return
-        rates = self.parts.throughput(window.steps, elapsed)
+        rates = throughput(self.spec, window.steps, elapsed)
         record = {
             "time": time.time(), "step": self.step, "epoch": epoch,
             "loss": summed[0].item() / summed[1].item(), "lr": lr, **rates,
@@ -284,18 +287,17 @@ class Trainer:
                                               for k, v in rates.items()))
 
     def evaluate(self, epoch: int) -> None:
+        """Sum the ranks' (loss sum, correct, count) of the parts' evaluation; rank 0 writes the
+        val line."""
         totals = self.parts.evaluate(self.inputs.batches(self.val_loader),
-                                     lambda: self.heartbeat.progress(phase="evaluate"))
-        self.record_evaluation(epoch, totals, self.parts.accuracy_name)
-
-    def record_evaluation(self, epoch: int, totals: torch.Tensor, accuracy_name: str = "accuracy") -> None:
-        """Sum this rank's (loss sum, correct, count) over all ranks; rank 0 writes the val line."""
-        self.heartbeat.progress(phase="sync")
+                                     lambda: self.heartbeat.progress(phase=Phase.EVALUATE))
+        self.heartbeat.progress(phase=Phase.SYNC)
         totals = self.backend.allreduce_sum(totals)
         if self.identity.is_main and totals[2] > 0:
             record = {"time": time.time(), "step": self.step, "epoch": epoch, "split": "val",
                       "loss": totals[0].item() / totals[2].item(),
                       "accuracy": totals[1].item() / totals[2].item()}
             self._write_metrics(record)
-            log.info("eval epoch %d loss %.4f %s %.3f", epoch, record["loss"], accuracy_name,
+            accuracy = "next-token accuracy" if self.spec.data.kind in TOKEN_KINDS else "accuracy"
+            log.info("eval epoch %d loss %.4f %s %.3f", epoch, record["loss"], accuracy,
                      record["accuracy"])

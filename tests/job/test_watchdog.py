@@ -10,7 +10,7 @@ import pytest
 
 from hpc_train.job import watchdog
 from hpc_train.job.watchdog import Beat, find_stall, stop_ignored
-from hpc_train.runtime.heartbeat import STACK_DUMP_HEADER, Heartbeat, beat_interval
+from hpc_train.runtime.heartbeat import STACK_DUMP_HEADER, Heartbeat, Phase, beat_interval
 
 LAUNCH = 1000.0
 STALL = 60.0
@@ -84,7 +84,7 @@ def test_heartbeat_thread_writes_and_dumps_stacks_once_when_stuck(tmp_path, capf
     path = tmp_path / "rank-00003"
     heartbeat = Heartbeat(path, 3, stall_seconds=5).start()     # writes every second
     try:
-        heartbeat.progress(step=7, phase="train")
+        heartbeat.progress(step=7, phase=Phase.TRAIN)
         dumped, deadline = "", time.monotonic() + 15
         while time.monotonic() < deadline and STACK_DUMP_HEADER not in dumped:
             dumped += capfd.readouterr().err
@@ -92,8 +92,8 @@ def test_heartbeat_thread_writes_and_dumps_stacks_once_when_stuck(tmp_path, capf
         record = json.loads(path.read_text())
     finally:
         heartbeat.close()
-    assert "on rank 3 at step 7 (phase train)" in dumped
-    assert (record["rank"], record["step"], record["phase"]) == (3, 7, "train")
+    assert "on rank 3 at step 7 (phase train)" in dumped     # the phase's word, in the log
+    assert (record["rank"], record["step"], record["phase"]) == (3, 7, "train")   # and on disk
     assert record["time"] >= record["progress"]
 
 

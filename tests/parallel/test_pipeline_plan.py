@@ -8,7 +8,7 @@ import itertools
 import pytest
 
 from hpc_train.parallel.pipeline.balance import balance_blocks, bubble_fraction, stage_bounds, stage_costs
-from hpc_train.parallel.layout import LayoutError, ParallelLayout
+from hpc_train.parallel.layout import LayoutError, Parallelism, ParallelLayout
 from hpc_train.spec import spec_from_dict
 from hpc_train.spec.pipeline_rules import gpt_blocks
 from hpc_train.spec.problems import SpecInvalid
@@ -32,7 +32,7 @@ def test_layout_puts_a_pipeline_on_consecutive_ranks():
 
 def test_layout_without_pipeline_makes_every_rank_a_replica():
     layout = ParallelLayout(world_size=4)
-    assert layout.replicas == 4 and not layout.uses_pipeline
+    assert layout.replicas == 4 and layout.parallelism is Parallelism.DATA_PARALLEL
     assert [layout.data_part(r) for r in range(4)] == [(0, 4), (1, 4), (2, 4), (3, 4)]
     assert [layout.stage_of(r) for r in range(4)] == [0, 0, 0, 0]
 

@@ -12,10 +12,12 @@ import math
 
 import torch
 
+from hpc_train.spec.schema import DEFAULT_INIT_SCALE
+
 
 class AgreedLossScaler:
     def __init__(self, mode: str = "fp32", loss_scale: str | float = "dynamic",
-                 init_scale: float = 2.0 ** 16, growth_interval: int = 2000):
+                 init_scale: float = DEFAULT_INIT_SCALE, growth_interval: int = 2000):
         self.enabled = mode == "fp16"
         self.dynamic = loss_scale == "dynamic"
         start = init_scale if self.dynamic else float(loss_scale)

@@ -1,0 +1,147 @@
+"""The rank-side seams: the parts a trainer is given (`TrainingParts`), chosen from the parallel
+layout, and `Checkpointing` working from its collaborators alone (one process, no trainer)."""
+
+from __future__ import annotations
+
+import inspect
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from hpc_train.launch.identity import RankInfo
+from hpc_train.parallel.layout import Parallelism, ParallelLayout
+from hpc_train.rundir import RunPaths
+from hpc_train.runtime.heartbeat import Phase
+from hpc_train.spec import spec_from_dict
+from hpc_train.train import trainer
+from hpc_train.train.checkpointing import Checkpointing
+from hpc_train.train.parts import Collectives, TrainingParts
+from hpc_train.train.pipeline_trainer import PipelineParts
+from hpc_train.train.state import CheckpointedState, ModelWeights, Progress
+from hpc_train.train.trainer import PARTS, DataParallelParts, parts_for
+
+
+def test_the_layout_names_its_parallelism():
+    assert ParallelLayout(4).parallelism is Parallelism.DATA_PARALLEL
+    assert ParallelLayout(4, stages=2).parallelism is Parallelism.PIPELINE
+    assert ParallelLayout(2, 1, Parallelism.PIPELINE).parallelism is Parallelism.PIPELINE
+
+
+@pytest.mark.parametrize("model, data, stages, parallelism", [
+    ({"name": "resnet_tiny"}, {}, 1, Parallelism.DATA_PARALLEL),
+    ({"name": "gpt"}, {"kind": "text", "vocab_size": 256}, 1, Parallelism.PIPELINE),
+    ({"name": "gpt"}, {"kind": "text", "vocab_size": 256}, 2, Parallelism.PIPELINE),
+])
+def test_the_spec_puts_its_parallelism_in_the_layout(model, data, stages, parallelism):
+    spec = spec_from_dict({"run": {"name": "t"}, "slurm": {"tasks_per_node": 2}, "model": model,
+                           "data": data, "parallel": {"pipeline": {"stages": stages}}})
+    assert spec.parallelism is parallelism and spec.layout.parallelism is parallelism
+
+
+@pytest.mark.parametrize("layout, parts", [
+    (ParallelLayout(2), DataParallelParts),
+    (ParallelLayout(4, stages=2), PipelineParts),
+    (ParallelLayout(2, 1, Parallelism.PIPELINE), PipelineParts),
+])
+def test_the_layout_alone_picks_the_parts(layout, parts):
+    assert parts_for(layout) is parts
+    assert set(PARTS) == set(Parallelism)        # every parallelism has its parts
+
+
+class Asked(Exception):
+    pass
+
+
+def test_the_trainer_asks_its_layout_for_its_parts(monkeypatch, tmp_path):
+    asked = []
+
+    def parts_for(layout):
+        asked.append(layout)
+        raise Asked
+
+    monkeypatch.setattr(trainer, "parts_for", parts_for)
+    monkeypatch.setattr(torch, "set_num_threads", lambda threads: None)
+    spec = spec_from_dict({"run": {"name": "t"}})
+    with pytest.raises(Asked):
+        trainer.Trainer(spec, RunPaths(tmp_path), RankInfo())
+    assert asked == [spec.layout]
+
+
+class OneLayer:
+    """A minimal kind of job: what a new backend has to provide, and nothing more."""
+
+    def __init__(self):
+        self.model = torch.nn.Linear(2, 1)
+        self.backend = Alone()
+        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.1)
+        self.precision = SimpleNamespace(loss_scale=None)
+
+    def states(self) -> CheckpointedState:
+        return CheckpointedState(replicated={"model": ModelWeights(self.model)})
+
+    def train_step(self, micro_batches, clock) -> tuple[float | None, bool]:
+        return 0.5, True
+
+    def evaluate(self, val_batches, tick) -> torch.Tensor:
+        return torch.zeros(3)
+
+
+class Alone:
+    """The collectives of a world of one rank."""
+
+    def allreduce_sum(self, tensor):
+        return tensor
+
+    def barrier(self):
+        pass
+
+    def shutdown(self):
+        pass
+
+
+def test_a_class_with_the_members_is_accepted_and_one_without_is_not():
+    parts = OneLayer()
+    assert isinstance(parts, TrainingParts) and isinstance(parts.backend, Collectives)
+    del parts.backend
+    assert not isinstance(parts, TrainingParts)
+    assert not isinstance(SimpleNamespace(model=None, backend=None, optimizer=None, precision=None),
+                          TrainingParts)
+
+
+@pytest.mark.parametrize("parts", [DataParallelParts, PipelineParts])
+def test_the_parts_of_each_parallelism_have_the_protocols_methods(parts):
+    methods = [name for name, value in vars(TrainingParts).items()
+               if inspect.isfunction(value) and not name.startswith("_")]
+    assert sorted(methods) == ["evaluate", "states", "train_step"]
+    for name in methods:
+        wanted = list(inspect.signature(getattr(TrainingParts, name)).parameters)
+        assert list(inspect.signature(getattr(parts, name)).parameters) == wanted, name
+
+
+class Beats:
+    def __init__(self):
+        self.phases = []
+
+    def progress(self, step=None, phase=None):
+        self.phases.append(phase)
+
+
+@pytest.mark.parametrize("write", ["sync", "async"])
+def test_checkpointing_saves_and_resumes_from_its_collaborators(tmp_path, write):
+    spec = spec_from_dict({"run": {"name": "t"}, "checkpoint": {"write": write}})
+    paths = RunPaths(tmp_path)
+
+    def checkpointing(model, progress, heartbeat):
+        states = CheckpointedState(replicated={"model": ModelWeights(model), "progress": progress})
+        return Checkpointing(states, progress, spec, paths, RankInfo(), Alone(), heartbeat)
+
+    model, progress, beats = torch.nn.Linear(2, 1), Progress(step=7), Beats()
+    saving = checkpointing(model, progress, beats)
+    saving.save("periodic")
+    saving.finish_writes()
+    assert [Phase.CHECKPOINT, Phase.SAVED] == beats.phases[:2]
+
+    fresh, fresh_progress = torch.nn.Linear(2, 1), Progress()
+    assert checkpointing(fresh, fresh_progress, Beats()).resume()
+    assert fresh_progress.step == 7 and torch.equal(fresh.weight, model.weight)
