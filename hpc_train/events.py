@@ -37,14 +37,14 @@ STOP_SAVED = "stop_saved"
 RANK_FAILED = "rank_failed"
 RANK_FINISHED = "rank_finished"
 PIPELINE_CUT = "pipeline_cut"
-DATA_STAGED = "data_staged"
+DATA_COPIED = "data_copied"
 RANKS_STALLED = "ranks_stalled"
 REQUEUED = "requeued"
 FINISHED = "finished"
 
 ALL = (SUBMITTED, SUBMIT_FAILED, RESUBMITTED, SPEC_CHANGE_ALLOWED, STARTED, TRAINING_STARTED,
        RESUMED, CHECKPOINT_SKIPPED, CHECKPOINT_SAVED, STOP_REQUESTED, STOP_SAVED, RANK_FAILED,
-       RANK_FINISHED, PIPELINE_CUT, DATA_STAGED, RANKS_STALLED, REQUEUED, FINISHED)
+       RANK_FINISHED, PIPELINE_CUT, DATA_COPIED, RANKS_STALLED, REQUEUED, FINISHED)
 
 # Why a run was requeued (`requeued.cause`). Failures and stalls count toward
 # checkpoint.retries_on_failure; stops and interruptions toward checkpoint.max_requeues.
@@ -130,9 +130,9 @@ def pipeline_cut(sizes: list[int], balance) -> dict:
     return {"event": PIPELINE_CUT, "sizes": sizes, "balance": balance}
 
 
-def data_staged(host: str, root: str, local: bool, copied: int, kept: int, replaced: int,
+def data_copied(host: str, root: str, local: bool, copied: int, kept: int, replaced: int,
                 bytes_copied: int, seconds: float, note: str) -> dict:
-    return {"event": DATA_STAGED, "host": host, "root": root, "local": local, "copied": copied,
+    return {"event": DATA_COPIED, "host": host, "root": root, "local": local, "copied": copied,
             "kept": kept, "replaced": replaced, "bytes_copied": bytes_copied, "seconds": seconds,
             "note": note}
 

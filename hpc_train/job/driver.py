@@ -128,7 +128,7 @@ def launch_plan(spec: JobSpec, paths: RunPaths, allocation: Allocation, environ,
                                       ipv4_addresses() if launch.network_interface else []),
         "MASTER_PORT": str(rendezvous_port(environ.get("SLURM_JOB_ID"))),
         STALL_ENV: f"{launch.stall_seconds:g}",
-        # One value per start of the ranks: a node's ranks recognise this start's staging.
+        # One value per start of the ranks: a node's ranks recognise this start's local copy.
         LAUNCH_ID_ENV: f"{environ.get('SLURM_JOB_ID', 'local')}-"
                        f"{environ.get('SLURM_RESTART_COUNT', '0')}-{os.getpid()}-{time.time():.0f}",
         **horovod_env(spec.parallel.horovod, paths, int(environ.get("SLURM_RESTART_COUNT") or 0)),

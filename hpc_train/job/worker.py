@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     trainer = None
     try:
         # Heavy imports after the redirect: an import error lands in this rank's log too.
-        from hpc_train.job.staging import stage_data
+        from hpc_train.job.shard_place import shard_root
         from hpc_train.spec import load_spec
         from hpc_train.train.checkpointing import StopForRequeue
         from hpc_train.train.trainer import Trainer
@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
         heartbeat.progress(phase=Phase.NETWORK)
         join_network(os.environ, identity.rank)
         spec = load_spec(paths.spec)
-        data_root = stage_data(spec, paths, identity, heartbeat)
+        data_root = shard_root(spec, paths, identity, heartbeat)
         heartbeat.progress(phase=Phase.BUILDING)
         trainer = Trainer(spec, paths, identity, stop, heartbeat, data_root=data_root)
         try:

@@ -40,7 +40,7 @@ class Phase(str, Enum):
 
     STARTING = "starting"
     NETWORK = "network"
-    STAGING = "staging"        # copying shards to node-local disk
+    COPYING = "copying"        # copying shards to node-local disk
     BUILDING = "building"
     RESUMING = "resuming"
     DATA = "data"

@@ -3,7 +3,8 @@
 `data.num_classes` used to be the gpt vocabulary size too; token data (text, tokens) now has
 `data.vocab_size`. The old key is moved to the new one before the schema is walked, so the
 resolved spec, its dump and its hash hold the new key only, and a problem with the moved value
-names both keys: the user looks for the one in the file. A workflow stage's `slurm.cpus` and
+names both keys: the user looks for the one in the file. `data.stage_to` is now `data.copy_to`
+("stage" is a pipeline's or a workflow's word). A workflow stage's `slurm.cpus` and
 `slurm.gpus` are moved the same way (`rename_key`, from workflow/load.py) to the job spec's names.
 """
 
@@ -32,12 +33,16 @@ def move_deprecated_keys(data: dict) -> tuple[dict, dict[str, str], list[Problem
     not changed. With both keys given, nothing moves: num_classes is then the image setting,
     unused by token data (as a dumped resolved spec has it)."""
     section = data.get("data")
-    if not (isinstance(section, dict) and section.get("kind") in TOKEN_KINDS):
+    if not isinstance(section, dict):
         return data, {}, []
-    moved, renamed, warnings = rename_key(
-        section, "num_classes", "vocab_size", "data.", "deprecated for token data, whose "
-        "vocabulary size is data.vocab_size (read as that for now)",
-        f" with data.kind {section['kind']!r}")
+    moved, renamed, warnings = rename_key(section, "stage_to", "copy_to", "data.",
+                                          "renamed (read as data.copy_to for now)")
+    if section.get("kind") in TOKEN_KINDS:
+        moved, more, also = rename_key(
+            moved, "num_classes", "vocab_size", "data.", "deprecated for token data, whose "
+            "vocabulary size is data.vocab_size (read as that for now)",
+            f" with data.kind {section['kind']!r}")
+        renamed, warnings = {**renamed, **more}, warnings + also
     return {**data, "data": moved}, renamed, warnings
 
 

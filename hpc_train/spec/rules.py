@@ -113,19 +113,19 @@ def path_unused(spec: JobSpec) -> list[Problem]:
     return []
 
 
-def stage_to_unused(spec: JobSpec) -> list[Problem]:
-    if spec.data.stage_to is not None and spec.data.kind in ("synthetic", "text"):
-        return [_warn("data.stage_to", f"{spec.data.stage_to!r} with data.kind {spec.data.kind!r}",
-                      "generated data has no shards to stage", "remove data.stage_to")]
+def copy_to_unused(spec: JobSpec) -> list[Problem]:
+    if spec.data.copy_to is not None and spec.data.kind in ("synthetic", "text"):
+        return [_warn("data.copy_to", f"{spec.data.copy_to!r} with data.kind {spec.data.kind!r}",
+                      "generated data has no shards to copy", "remove data.copy_to")]
     return []
 
 
-def stage_to_on_the_node(spec: JobSpec) -> list[Problem]:
-    place = spec.data.stage_to
+def copy_to_on_the_node(spec: JobSpec) -> list[Problem]:
+    place = spec.data.copy_to
     if place is not None and not place.startswith(("/", "$")):
-        return [Problem("data.stage_to", repr(place),
+        return [Problem("data.copy_to", repr(place),
                         "a node-local directory is an absolute path, or starts with a variable "
-                        "the node sets", "write e.g. data.stage_to: $SLURM_TMPDIR or /local/scratch")]
+                        "the node sets", "write e.g. data.copy_to: $SLURM_TMPDIR or /local/scratch")]
     return []
 
 
@@ -156,11 +156,11 @@ def pmi_needs_srun(spec: JobSpec) -> list[Problem]:
 
 
 ERROR_RULES: tuple[Rule, ...] = (hdf5_needs_path, signal_before_limit, keep_every_needs_period,
-                                 one_rank_per_gpu, one_network_setting, stage_to_on_the_node,
+                                 one_rank_per_gpu, one_network_setting, copy_to_on_the_node,
                                  *PIPELINE_ERROR_RULES, *THROUGHPUT_ERROR_RULES)
 WARNING_RULES: tuple[Rule, ...] = (idle_gpus, fixed_loss_scale_unused,
                                    warmup_shorter_than_training, milestones_within_training,
-                                   path_unused, pmi_needs_srun, stage_to_unused,
+                                   path_unused, pmi_needs_srun, copy_to_unused,
                                    *PIPELINE_WARNING_RULES, *THROUGHPUT_WARNING_RULES)
 
 

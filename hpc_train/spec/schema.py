@@ -145,7 +145,7 @@ class DataSpec:
     batch_size: int = spec_field(32, doc="samples per rank per backward pass (per-rank batch); "
                                  "with a pipeline, per replica (all its stages see the same ones)",
                                  ge=1)
-    stage_to: Optional[str] = spec_field(
+    copy_to: Optional[str] = spec_field(
         None, doc="copy the shards to this node-local directory before training and read them "
         "there (one copy per node, checked against the manifest; kept across requeues on the "
         "node); $VARIABLES are expanded on the node", check=values.check_path,

@@ -171,7 +171,7 @@ class DeviceInputs:
 def build_loaders(spec, rank: int, size: int, pin: bool, uint8: bool = False,
                   root: Path | None = None) -> tuple[DataLoader, DataLoader | None]:
     """`uint8`: image transforms return uint8 CHW (see `normalizes_on_device`). root: read the
-    shards there instead of data.path (a node-local copy, data/stage.py)."""
+    shards there instead of data.path (a node-local copy, data/local_copy.py)."""
     if root is not None:
         spec = dataclasses.replace(spec, data=dataclasses.replace(spec.data, path=str(root)))
     train, val = _datasets(spec, uint8)

@@ -150,7 +150,7 @@ class ExportStage(Stage):
 
 @dataclass(frozen=True, kw_only=True)
 class CommandStage(Stage):
-    # Shell by design, like slurm.setup: a site's own step (staging data, say).
+    # Shell by design, like slurm.setup: a site's own step (copying data, say).
     run: str = spec_field(doc="a shell command; references are replaced by quoted values",
                           example='"rsync -a /archive/imagenet/ $TMPDIR/"')
     tasks: int = spec_field(1, doc="array tasks (each sees SLURM_ARRAY_TASK_ID)", ge=1,

@@ -312,6 +312,16 @@ def test_a_dumped_token_spec_reloads_without_warnings(tmp_path):
     assert reloaded == original and warnings == []
 
 
+def test_stage_to_is_read_as_copy_to_with_a_warning_and_errors_name_both_keys():
+    spec = {"run": {"name": "t"}, "data": {"kind": "hdf5", "path": "/d", "stage_to": "$SLURM_TMPDIR"}}
+    loaded, errors, warnings = build_spec(spec)
+    assert errors == [] and loaded.data.copy_to == "$SLURM_TMPDIR"
+    (warning,) = map(str, warnings)
+    assert warning.startswith("data.stage_to: ") and "rename it to data.copy_to" in warning
+    _, errors, _ = build_spec({**spec, "data": {**spec["data"], "stage_to": "relative"}})
+    assert [e.key for e in errors] == ["data.copy_to (written as data.stage_to)"]
+
+
 def test_num_classes_of_image_data_is_no_alias():
     loaded, _, warnings = build_spec({"run": {"name": "t"}, "data": {"num_classes": 10}})
     assert (loaded.data.num_classes, loaded.data.vocab_size, warnings) == (10, 256, [])

@@ -1,4 +1,4 @@
-"""Node-local staging of shards (`data.stage_to`): copy a job's shards to the node's own disk
+"""Node-local copies of shards (`data.copy_to`): copy a job's shards to the node's own disk
 once, verified, and read them from there.
 
 HPC centres ask I/O-heavy jobs to read from node-local disk ($SLURM_TMPDIR, /local/scratch)
@@ -7,7 +7,7 @@ copies; the node's other ranks wait for its verdict file. What is copied: every 
 with a manifest (train and val): each rank of a block-shuffled sampler reads from every shard over
 an epoch, so a node needs them all. Each shard is checked against the manifest's sha256; a copy
 already there and intact (a requeue on the same node) is kept, a damaged one replaced. When the
-disk is too small, or the place names a variable the node does not set, staging says so and the
+disk is too small, or the place names a variable the node does not set, the copier says so and the
 ranks read the shared path.
 """
 
@@ -26,7 +26,7 @@ from pathlib import Path
 from hpc_train.errors import DataError
 from hpc_train.rundir import write_atomic
 
-VERDICT = ".staged-{token}.json"   # the copier's verdict for one launch, for the node's ranks
+VERDICT = ".copied-{token}.json"   # the copier's verdict for one launch, for the node's ranks
 _CHUNK = 8 << 20
 
 
@@ -38,7 +38,7 @@ class Item:
 
 
 @dataclass
-class Staged:
+class LocalCopy:
     root: str                   # where the ranks read: the local copy, or the shared path
     local: bool
     copied: int = 0
@@ -58,17 +58,17 @@ _VARIABLE = re.compile(r"\$(\w+)|\$\{(\w+)\}")
 
 
 def expand_place(template: str, environ) -> tuple[Path | None, str]:
-    """`data.stage_to` with the node's variables ($SLURM_TMPDIR -> /tmp/job123); (None, why)
+    """`data.copy_to` with the node's variables ($SLURM_TMPDIR -> /tmp/job123); (None, why)
     when it names a variable this node does not set."""
     missing = [a or b for a, b in _VARIABLE.findall(template) if (a or b) not in environ]
     if missing:
-        return None, (f"data.stage_to {template!r}: {', '.join('$' + m for m in missing)} is not set "
+        return None, (f"data.copy_to {template!r}: {', '.join('$' + m for m in missing)} is not set "
                       "on this node")
     return Path(_VARIABLE.sub(lambda m: environ[m.group(1) or m.group(2)], template)), ""
 
 
 def plan(shared: Path) -> list[Item]:
-    """Every file to stage, from the manifests of the split directories under `shared` (pure
+    """Every file to copy, from the manifests of the split directories under `shared` (pure
     apart from reading the manifests)."""
     items: list[Item] = []
     for split_dir in sorted(p for p in shared.iterdir() if (p / "manifest.json").is_file()):
@@ -79,7 +79,7 @@ def plan(shared: Path) -> list[Item]:
         for small in sorted(split_dir.glob("*.json")):
             items.append(Item(small, f"{split_dir.name}/{small.name}", None))
     if not items:
-        raise DataError(f"data.stage_to: no split with a manifest.json under {shared}")
+        raise DataError(f"data.copy_to: no split with a manifest.json under {shared}")
     return items
 
 
@@ -99,19 +99,19 @@ def _intact(path: Path, item: Item) -> bool:
 
 def _copy(item: Item, target: Path) -> int:
     """Copy to a temporary name, check the copy's sha256, then rename: a killed copy never
-    looks staged."""
+    looks copied."""
     target.parent.mkdir(parents=True, exist_ok=True)
     partial = target.with_name(f"{target.name}.part-{os.getpid()}")
     shutil.copyfile(item.source, partial)
     if item.sha256 is not None and sha256_of(partial) != item.sha256:
         partial.unlink()
-        raise DataError(f"data.stage_to: the copy of {item.source} does not match the manifest's "
+        raise DataError(f"data.copy_to: the copy of {item.source} does not match the manifest's "
                         "sha256 (is the shared file itself damaged? `data verify` it)")
     os.replace(partial, target)
     return target.stat().st_size
 
 
-def stage(shared: Path, place: Path, token: str, beat: Callable[[], None] = lambda: None) -> Staged:
+def copy_shards(shared: Path, place: Path, token: str, beat: Callable[[], None] = lambda: None) -> LocalCopy:
     """Copy what is missing or damaged from `shared` to `place`; returns where to read."""
     started = time.monotonic()
     items = plan(shared)
@@ -121,10 +121,10 @@ def stage(shared: Path, place: Path, token: str, beat: Callable[[], None] = lamb
     missing_bytes = sum(i.source.stat().st_size for i in needed)
     free = shutil.disk_usage(local).free
     if missing_bytes > free:
-        return Staged(str(shared), False, token=token,
+        return LocalCopy(str(shared), False, token=token,
                       note=f"{local} has {free >> 20} MiB free but the shards need {missing_bytes >> 20} "
                            "MiB more: reading the shared path")
-    result = Staged(str(local), True, kept=len(items) - len(needed), token=token)
+    result = LocalCopy(str(local), True, kept=len(items) - len(needed), token=token)
     for item in needed:
         target = local / item.relative
         result.replaced += target.exists()
@@ -135,12 +135,12 @@ def stage(shared: Path, place: Path, token: str, beat: Callable[[], None] = lamb
     return result
 
 
-def write_verdict(place: Path, staged: Staged) -> None:
+def write_verdict(place: Path, copy: LocalCopy) -> None:
     place.mkdir(parents=True, exist_ok=True)
-    write_atomic(place / VERDICT.format(token=staged.token), json.dumps(staged.to_json()).encode())
+    write_atomic(place / VERDICT.format(token=copy.token), json.dumps(copy.to_json()).encode())
 
 
-def wait_verdict(place: Path, token: str, timeout: float) -> Staged:
+def wait_verdict(place: Path, token: str, timeout: float) -> LocalCopy:
     """The node copier's verdict for this launch (`token`), polled; bounded by `timeout`. The
     waiting ranks do not count as progressing: the copier does, file by file, so a copier that
     hangs is the driver's watchdog's to catch."""
@@ -148,8 +148,8 @@ def wait_verdict(place: Path, token: str, timeout: float) -> Staged:
     path = place / VERDICT.format(token=token)
     while time.monotonic() < deadline:
         try:
-            return Staged(**json.loads(path.read_text()))
+            return LocalCopy(**json.loads(path.read_text()))
         except (OSError, ValueError):
             time.sleep(0.2)
-    raise DataError(f"data.stage_to: no staging verdict in {path} after {timeout:.0f} s (did local "
+    raise DataError(f"data.copy_to: no local-copy verdict in {path} after {timeout:.0f} s (did local "
                     "rank 0 of this node fail? see its log)")

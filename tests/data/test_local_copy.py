@@ -1,4 +1,4 @@
-"""Node-local staging (data/stage.py): what is copied, kept, replaced, or refused."""
+"""Node-local copies (data/local_copy.py): what is copied, kept, replaced, or refused."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from hpc_train.data.stage import expand_place, plan, stage, wait_verdict, write_verdict
+from hpc_train.data.local_copy import copy_shards, expand_place, plan, wait_verdict, write_verdict
 from hpc_train.errors import DataError
 from tests.conftest import REPO
 
@@ -43,41 +43,41 @@ def test_every_shard_of_every_split_with_its_checksum(shared):
 
 def test_copied_once_kept_on_the_next_start_and_a_damaged_copy_replaced(shared, tmp_path):
     place = tmp_path / "node1"
-    first = stage(shared, place, "start-1")
+    first = copy_shards(shared, place, "start-1")
     assert first.local and first.copied == len(plan(shared)) and first.kept == 0
     local = Path(first.root)
     assert local == place / "demo-shards" and (local / "train" / "shard-00000.h5").is_file()
-    again = stage(shared, place, "start-2")
+    again = copy_shards(shared, place, "start-2")
     assert (again.copied, again.kept, again.replaced) == (0, len(plan(shared)), 0)
     victim = local / "train" / "shard-00001.h5"
     data = bytearray(victim.read_bytes())
     data[len(data) // 2] ^= 0xFF              # same size, one byte flipped: only the sha256 tells
     victim.write_bytes(bytes(data))
-    repaired = stage(shared, place, "start-3")
+    repaired = copy_shards(shared, place, "start-3")
     assert (repaired.copied, repaired.replaced) == (1, 1)
     assert victim.read_bytes() == (shared / "train" / "shard-00001.h5").read_bytes()
 
 
-def test_a_damaged_shared_shard_is_refused_not_staged(shared, tmp_path):
+def test_a_damaged_shared_shard_is_refused_not_copies(shared, tmp_path):
     source = shared / "train" / "shard-00000.h5"
     data = bytearray(source.read_bytes())
     data[100] ^= 0xFF
     source.write_bytes(bytes(data))
     with pytest.raises(DataError, match="does not match the manifest's sha256"):
-        stage(shared, tmp_path / "node1", "start-1")
+        copy_shards(shared, tmp_path / "node1", "start-1")
     assert not list((tmp_path / "node1").rglob("*.part-*"))
 
 
 def test_a_disk_too_small_falls_back_to_the_shared_path(shared, tmp_path, monkeypatch):
     usage = namedtuple("usage", "total used free")
     monkeypatch.setattr(shutil, "disk_usage", lambda _path: usage(10 << 20, 10 << 20, 1024))
-    staged = stage(shared, tmp_path / "node1", "start-1")
-    assert not staged.local and staged.root == str(shared) and "MiB free" in staged.note
+    copy = copy_shards(shared, tmp_path / "node1", "start-1")
+    assert not copy.local and copy.root == str(shared) and "MiB free" in copy.note
 
 
 def test_ranks_read_the_verdict_of_their_own_start(tmp_path, shared):
-    staged = stage(shared, tmp_path, "start-9")
-    write_verdict(tmp_path, staged)
-    assert wait_verdict(tmp_path, "start-9", timeout=5).root == staged.root
-    with pytest.raises(DataError, match="no staging verdict"):
+    copy = copy_shards(shared, tmp_path, "start-9")
+    write_verdict(tmp_path, copy)
+    assert wait_verdict(tmp_path, "start-9", timeout=5).root == copy.root
+    with pytest.raises(DataError, match="no local-copy verdict"):
         wait_verdict(tmp_path, "start-10", timeout=0.5)
