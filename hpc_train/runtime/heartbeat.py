@@ -122,6 +122,7 @@ class Heartbeat:
         self.step_times: Callable[[], dict | None] = lambda: None   # the loop's clock's medians
         self.first_step: int | None = None
         self.longest: dict[str, float] = {}     # "step", "save": the longest silence since it
+        self.synced_seconds = 0.0               # in phase sync so far: waiting between steps
         self._dumped_at: float | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="hpc_train-heartbeat", daemon=True)
@@ -136,6 +137,8 @@ class Heartbeat:
         except a beat written at once when the phase changes, a few times per run: a rank that
         freezes right after, before the thread's next beat, is then still shown where it is)."""
         now = self.clock()
+        if self.phase == Phase.SYNC:
+            self.synced_seconds += now - self.progress_time
         if self.first_step is not None and self.step > self.first_step:
             self._note_silence(now - self.progress_time)
         if step is not None:
@@ -254,6 +257,8 @@ def read_beats(directory: Path, since: float = 0.0) -> dict[int, Beat]:
 
 class NoHeartbeat:
     """For code that trains outside a run (benchmarks, tests of one process)."""
+
+    synced_seconds = 0.0
 
     def progress(self, step: int | None = None, phase: Phase | None = None) -> None:
         pass

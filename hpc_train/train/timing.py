@@ -118,7 +118,8 @@ STEP_WINDOW = 32         # steps whose medians StepTimes gives: a save or an eva
 
 
 def blocked_seconds(marks: Mapping[str, float]) -> float:
-    """How long a step waited for the other ranks' gradients, as far as its marks tell.
+    """How long a step waited for the other ranks' gradients, as far as its marks tell (the
+    collectives between steps are the heartbeat's phase sync: StepTimes adds them).
 
     Horovod: in optimizer.synchronize() (`backward` -> `reduced`; the loss read back after each
     backward has waited for a GPU's kernels, so `backward` is when they finished). DDP reduces
@@ -135,20 +136,24 @@ def blocked_seconds(marks: Mapping[str, float]) -> float:
 class StepTimes(MarkingClock):
     """Training's clock: the marks of each step on perf_counter() (a few microseconds a step,
     nothing waits for a GPU), kept for the last STEP_WINDOW steps; `summary` gives their medians
-    (read by the heartbeat's thread)."""
+    (read by the heartbeat's thread). synced: seconds spent so far in the collectives between
+    steps (the logged loss, the stop agreement: the heartbeat's phase sync), blocked time too."""
 
-    def __init__(self, window: int = STEP_WINDOW):
+    def __init__(self, synced: Callable[[], float] = lambda: 0.0, window: int = STEP_WINDOW):
+        self.synced, self.synced_at_start = synced, 0.0
         self.marks: dict[str, float] = {}
         self.steps: deque[tuple[float, float, float]] = deque(maxlen=window)  # step, data, busy
 
     def mark(self, name: str) -> None:
         now = time.perf_counter()
         if name == "start":
+            synced = self.synced()
             if "start" in self.marks:    # the previous step ends where this one starts
                 step = now - self.marks["start"]
                 data = self.marks.get("data", self.marks["start"]) - self.marks["start"]
-                self.steps.append((step, data, step - blocked_seconds(self.marks)))
-            self.marks = {}
+                blocked = blocked_seconds(self.marks) + synced - self.synced_at_start
+                self.steps.append((step, data, step - blocked))
+            self.marks, self.synced_at_start = {}, synced
         self.marks[name] = now
 
     def summary(self) -> dict | None:

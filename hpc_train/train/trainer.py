@@ -126,10 +126,10 @@ class Trainer:
     def __init__(self, spec, paths: RunPaths, identity: RankInfo, stop: StopFlag | None = None,
                  heartbeat=None, data_root=None, clock=None):
         self.spec, self.paths, self.identity = spec, paths, identity
+        self.heartbeat = heartbeat or NoHeartbeat()
         # Marks each step's parts: training's gives the heartbeat its medians (stragglers),
         # `bench train`'s breaks the steps down.
-        self.clock = clock or StepTimes()
-        self.heartbeat = heartbeat or NoHeartbeat()
+        self.clock = clock or StepTimes(lambda: self.heartbeat.synced_seconds)
         self.heartbeat.step_times = self.clock.summary
         self.faults = FaultInjector(identity.rank)
         self.device = pick_device(spec, identity)

@@ -103,7 +103,8 @@ def test_blocked_time_by_backend():
 def test_step_times_are_medians_of_the_last_steps(monkeypatch):
     now = iter([0.0, 0.1, 0.5, 0.9,  1.0, 1.1, 1.5, 1.9,  12.0, 12.2, 12.6, 13.0,  14.0])
     monkeypatch.setattr("hpc_train.train.timing.time.perf_counter", lambda: next(now))
-    clock = StepTimes(window=2)
+    synced = iter([0.0, 0.0, 0.5, 0.5])   # the second step: 0.5 s in the collectives after it
+    clock = StepTimes(lambda: next(synced), window=2)
     assert clock.summary() is None
     for _ in range(3):                  # steps of 1, 11 (a save, say) and 2 s: the last 2 count
         clock.mark("start")
@@ -113,7 +114,8 @@ def test_step_times_are_medians_of_the_last_steps(monkeypatch):
     clock.mark("start")
     summary = clock.summary()
     assert summary["steps"] == 2 and summary["step"] == pytest.approx((11.0 + 2.0) / 2)
-    assert summary["data"] == pytest.approx(0.15) and summary["busy"] == pytest.approx(6.5 - 0.4)
+    assert summary["data"] == pytest.approx(0.15)
+    assert summary["busy"] == pytest.approx(((11.0 - 0.4 - 0.5) + (2.0 - 0.4)) / 2)
 
 
 def test_heartbeat_records_step_times_and_longest_silences(tmp_path):
@@ -132,6 +134,10 @@ def test_heartbeat_records_step_times_and_longest_silences(tmp_path):
     at(154.5, phase=Phase.CHECKPOINT)        # 3 s in the step
     at(164.5, phase=Phase.SAVED)             # 10 s in the save
     at(165.0, step=3, phase=Phase.DATA)
+    at(165.5, phase=Phase.SYNC)
+    at(167.0, phase=Phase.SYNC)              # a second collective between the same steps
+    at(167.25, step=4, phase=Phase.DATA)
+    assert heartbeat.synced_seconds == pytest.approx(1.75)
     heartbeat.write()
     read = parse_beat((tmp_path / "rank-00000").read_text())
     assert read.times == RankTimes(0.5, 0.1, 0.4, 3, longest_step=3.0, longest_save=10.0)
