@@ -18,6 +18,7 @@ from statistics import median
 from hpc_train.runtime.heartbeat import Beat
 
 MIN_SHARE = 0.05            # an excess under 5% of the step is noise: never a warning
+MIN_STEPS = 8               # medians of fewer steps: the first one (workers starting) weighs too much
 WARN_EVERY_SECONDS = 600.0  # at most one `straggler` event per rank in this long
 
 
@@ -71,9 +72,9 @@ class Straggler:
 
 def slowest_rank(beats: dict[int, Beat]) -> Straggler | None:
     """The rank with the most own time per step against the others; None with fewer than two
-    ranks whose beats carry step times."""
-    timed = {r: b for r, b in beats.items() if b.times and b.times.busy is not None
-             and b.times.step is not None}
+    ranks whose beats carry the times of MIN_STEPS steps."""
+    timed = {r: b for r, b in beats.items() if b.times and b.times.steps >= MIN_STEPS
+             and b.times.busy is not None and b.times.step is not None}
     if len(timed) < 2:
         return None
     rank = max(sorted(timed), key=lambda r: timed[r].times.busy)

@@ -44,6 +44,7 @@ def test_two_ranks_compare_with_each_other_and_a_loader_wait_is_named():
     {0: beat(0, 0.3)},                                              # one rank: nobody waits
     {0: beat(0, 0.3), 1: Beat(1, 3, "train", 1.0, 1.0)},            # no times yet
     {0: beat(0, 0.3), 1: beat(1, None)},
+    {0: beat(0, 0.3), 1: Beat(1, 3, "train", 1.0, 1.0, times=RankTimes(0.3, 0.0, 0.1, 7))},  # too few
 ])
 def test_no_comparison_without_two_timed_ranks(beats):
     assert slowest_rank(beats) is None
