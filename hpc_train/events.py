@@ -39,12 +39,13 @@ RANK_FINISHED = "rank_finished"
 PIPELINE_CUT = "pipeline_cut"
 DATA_COPIED = "data_copied"
 RANKS_STALLED = "ranks_stalled"
+STRAGGLER = "straggler"
 REQUEUED = "requeued"
 FINISHED = "finished"
 
 ALL = (SUBMITTED, SUBMIT_FAILED, RESUBMITTED, SPEC_CHANGE_ALLOWED, STARTED, TRAINING_STARTED,
        RESUMED, CHECKPOINT_SKIPPED, CHECKPOINT_SAVED, STOP_REQUESTED, STOP_SAVED, RANK_FAILED,
-       RANK_FINISHED, PIPELINE_CUT, DATA_COPIED, RANKS_STALLED, REQUEUED, FINISHED)
+       RANK_FINISHED, PIPELINE_CUT, DATA_COPIED, RANKS_STALLED, STRAGGLER, REQUEUED, FINISHED)
 
 # Why a run was requeued (`requeued.cause`). Failures and stalls count toward
 # checkpoint.retries_on_failure; stops and interruptions toward checkpoint.max_requeues.
@@ -80,7 +81,7 @@ def spec_change_allowed(from_hash: str, to_hash: str, keys: list[str]) -> dict:
 
 
 def started(hosts: list[str], ranks: int, deadline: float | None, argv: list[str],
-            stall_seconds: float) -> dict:
+            stall_seconds: float | str) -> dict:
     return {"event": STARTED, "hosts": hosts, "ranks": ranks, "deadline": deadline, "argv": argv,
             "stall_seconds": stall_seconds}
 
@@ -140,6 +141,12 @@ def data_copied(host: str, root: str, local: bool, copied: int, kept: int, repla
 def ranks_stalled(why: str, ranks: list[dict], idle_seconds: float) -> dict:
     """ranks: one dict per stalled rank: rank, host, pid, step, phase, idle_seconds, state."""
     return {"event": RANKS_STALLED, "why": why, "ranks": ranks, "idle_seconds": idle_seconds}
+
+
+def straggler(message: str, **measured) -> dict:
+    """measured: the slowest rank's comparison (job/straggler.py: Straggler.to_json): rank, host,
+    busy, others_busy, step, data, others_data, ratio, wait, share, on_data."""
+    return {"event": STRAGGLER, "message": message, **measured}
 
 
 def requeued(reason: str, cause: str, by: str, detail: str, returncode: int, seconds: float) -> dict:
@@ -263,11 +270,13 @@ def world_size(events: list[dict]) -> int | None:
     return found.get("ranks") if found else None
 
 
-def stall_seconds(events: list[dict], default: float) -> float:
-    """launch.stall_seconds of the latest run, as its `started` event says (`default` before
-    the driver recorded it)."""
+def stall_seconds(events: list[dict], default: float) -> float | str:
+    """launch.stall_seconds of the latest run, as its `started` event says: seconds, or "auto"
+    (`default` before the driver recorded it)."""
     found = last(events, STARTED)        # the latest run's
     value = found.get("stall_seconds") if found else None
+    if value == "auto":
+        return value
     return float(value) if isinstance(value, (int, float)) and value > 0 else default
 
 

@@ -143,8 +143,9 @@ def live_stall(beats: dict[int, heartbeat.Beat], history: list[dict], now: float
                lines: dict[int, list[Line]]) -> dict | None:
     """Ranks holding a RUNNING run now, from its heartbeats (health.stalled_now, as `status`)."""
     launched = events.start_time(history)
-    stall_seconds = events.stall_seconds(history, DEFAULT_STALL_SECONDS)
-    held = health.stalled_now(beats, events.world_size(history), launched, now, stall_seconds)
+    setting = events.stall_seconds(history, DEFAULT_STALL_SECONDS)
+    held = health.stalled_now(beats, events.world_size(history), launched, now, setting)
+    stall_seconds = heartbeat.stall_bound(setting, beats.values())
     if not held:
         return None
     newest = max([b.progress for b in beats.values()] + [launched])

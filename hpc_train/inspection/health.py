@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from hpc_train.job.watchdog import StalledRank, culprits, silent_after
-from hpc_train.runtime.heartbeat import Beat, beat_interval
+from hpc_train.runtime.heartbeat import Beat, beat_interval, stall_bound
 from hpc_train.spec.schema import DEFAULT_STALL_SECONDS
 
 __all__ = ["Beat", "Health", "assess", "describe", "stalled_now"]
@@ -35,10 +35,11 @@ class Health:
 
 
 def stalled_now(beats: dict[int, Beat], world_size: int | None, launched: float, now: float,
-                stall_seconds: float) -> tuple[StalledRank, ...]:
+                stall_seconds: float | str) -> tuple[StalledRank, ...]:
     """The ranks holding a running job now; () while it progresses. launched: when the current
-    run started (a rank that never beat counts from then)."""
+    run started (a rank that never beat counts from then); stall_seconds: a number or "auto"."""
     interval = beat_interval(stall_seconds)
+    stall_seconds = stall_bound(stall_seconds, beats.values())
     world = world_size or (max(beats) + 1 if beats else 0)
     if not world:
         return ()
@@ -60,7 +61,7 @@ def describe(rank: StalledRank) -> str:
 def assess(beats: dict[int, Beat], last_metric_time: float | None, now: float, running: bool,
            quiet_seconds: float, waiting_ranks: list[int] | None = None, *,
            world_size: int | None = None, launched: float = 0.0,
-           stall_seconds: float = DEFAULT_STALL_SECONDS) -> Health:
+           stall_seconds: float | str = DEFAULT_STALL_SECONDS) -> Health:
     """beats: this run's (written since `launched`); quiet_seconds: no progress and no metric
     line for this long is "no progress" (status --stall-minutes); waiting_ranks: ranks a
     collective library reported missing (Horovod's stall warning)."""

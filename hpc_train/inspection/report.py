@@ -14,8 +14,9 @@ from hpc_train import events as ev
 from hpc_train import scheduler
 from hpc_train.inspection import efficiency
 from hpc_train.inspection.efficiency import Restart, Usage, Window
-from hpc_train.inspection.summary import read_spec
+from hpc_train.inspection.summary import read_spec, slowest
 from hpc_train.rundir import RunPaths, read_jsonl
+from hpc_train.runtime.heartbeat import read_beats
 
 
 @dataclass
@@ -32,6 +33,8 @@ class Report:
     gpu: dict | None
     now: float
     sample_name: str = "images"       # what one sample is: images, or sequences (gpt)
+    slowest: dict | None = None       # the last run's slowest rank (summary.slowest)
+    straggler_warnings: int = 0       # `straggler` events over the whole run
     unknown: list[str] = field(default_factory=list)
     timeline: str | None = None
 
@@ -75,7 +78,8 @@ class Report:
             "sample_name": self.sample_name, "samples_per_step": self.samples_per_step,
             "samples": self.samples,
             "samples_per_hour": None if rate is None else {"value": rate[0], "per": rate[1]},
-            "gpu": self.gpu, "unknown": self.unknown, "timeline": self.timeline}
+            "gpu": self.gpu, "slowest": self.slowest, "straggler_warnings": self.straggler_warnings,
+            "unknown": self.unknown, "timeline": self.timeline}
 
 
 def _allocation(spec: dict | None) -> tuple[int | None, int | None]:
@@ -124,7 +128,9 @@ def build_report(paths: RunPaths, slurm: bool = True, now: float | None = None,
             "no NVML samples in gpu/: nvidia-ml-py not importable on the nodes, or no GPU visible") + ")")
     model = ((spec or {}).get("model") or {}).get("name")
     report = Report(paths.root.name, job_ids, windows, usage, restarts, saves, seconds, last_step,
-                    per_step, gpu, now, "sequences" if model == "gpt" else "images", unknown)
+                    per_step, gpu, now, "sequences" if model == "gpt" else "images",
+                    slowest(read_beats(paths.heartbeat, ev.start_time(events)), spec),
+                    len(ev.named(events, ev.STRAGGLER)), unknown)
     if plot and windows:
         from hpc_train.inspection.timeline import build_timeline, write_timeline
 

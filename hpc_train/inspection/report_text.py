@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from hpc_train.inspection.text import _STATE_STYLE, _console, duration
+from hpc_train.inspection.text import _STATE_STYLE, _console, duration, slowest_words
 from hpc_train.inspection.report import Report
 
 _GIB = 1024 ** 3
@@ -50,6 +50,8 @@ def summary_rows(r: Report) -> list[tuple[str, str]]:
              ("lost to requeues", f"{duration(lost['queue_wait'])} queue wait + "
               f"{duration(lost['startup'])} start-up + {duration(lost['redone_steps'])} redoing "
               f"{redone} step(s)"),
+             ("slowest rank", slowest_words(r.slowest) if r.slowest else "-"),
+             ("straggler warnings", str(r.straggler_warnings)),
              ("timeline", r.timeline or "-")]
     return rows
 

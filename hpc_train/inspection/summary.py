@@ -13,10 +13,11 @@ from pathlib import Path
 from hpc_train import events as ev
 from hpc_train.checkpoint.layout import MARKER, list_complete, step_dir_name
 from hpc_train.inspection.health import Beat, Health, assess
+from hpc_train.job.straggler import slowest_rank
 from hpc_train.rundir import RunPaths, read_jsonl
 from hpc_train.runtime import heartbeat
 from hpc_train.scheduler import Job
-from hpc_train.spec.schema import DEFAULT_STALL_SECONDS
+from hpc_train.spec.schema import DEFAULT_STALL_SECONDS, LaunchSpec
 
 # Throughput fields a trainer may log, with their unit (pipeline runs log samples or tokens).
 THROUGHPUT_FIELDS = (("images_per_s", "images/s"), ("samples_per_s", "samples/s"),
@@ -54,6 +55,7 @@ class RunStatus:
     checkpoint_step: int | None
     checkpoint_age_seconds: float | None
     health: Health
+    slowest: dict | None = None       # the rank the others wait for (`slowest`), from the beats
     diagnosis: dict | None = None     # set by the caller for failed or stalled runs
     updated: float = field(default_factory=time.time)
 
@@ -154,7 +156,18 @@ def summarize(run: RunFiles, now: float, slurm: Job | None = None,
         health=assess(run.beats, last.get("time"), now, running and not ended, quiet_seconds,
                       run.waiting_ranks, world_size=world, launched=launched,
                       stall_seconds=ev.stall_seconds(events, DEFAULT_STALL_SECONDS)),
-        updated=now)
+        slowest=slowest(run.beats, run.spec), updated=now)
+
+
+def slowest(beats: dict[int, Beat], spec: dict | None) -> dict | None:
+    """The slowest rank against the others (job/straggler.py), with `words`, the run's
+    launch.straggler_warn as `warn`, and `over` it; None without step times of two ranks."""
+    found = slowest_rank(beats)
+    if found is None:
+        return None
+    launch = (spec or {}).get("launch") or {}
+    warn = launch.get("straggler_warn", LaunchSpec().straggler_warn)
+    return {**found.to_json(), "words": found.words(), "warn": warn, "over": found.over(warn)}
 
 
 def latest_checkpoint(paths: RunPaths) -> tuple[int, float] | None:

@@ -45,6 +45,8 @@ def status_rows(s: RunStatus) -> list[tuple[str, str]]:
             ("accuracy", _num(s.accuracy, ".3f")), ("lr", _num(s.lr)), ("throughput", flow)]
     if s.efficiency is not None:
         rows.append(("scaling", f"{s.efficiency:.0%} of {s.world_size} x the baseline per rank"))
+    if s.slowest:
+        rows.append(("slowest", slowest_words(s.slowest)))
     rows += [("eta", duration(s.eta_seconds)), ("checkpoint", ckpt), ("health", s.health.message)]
     if s.diagnosis and (stop := s.diagnosis.get("stop")):
         rows.append(("stopped", stop_words(stop)))
@@ -55,6 +57,12 @@ def status_rows(s: RunStatus) -> list[tuple[str, str]]:
     for sig in (s.diagnosis or {}).get("signatures", []):
         rows.append(("signature", f"{sig['title']}: {sig['fix']}"))
     return rows
+
+
+def slowest_words(slowest: dict) -> str:
+    """The slowest rank's comparison, marked when it is over launch.straggler_warn."""
+    over = f"  STRAGGLER (over launch.straggler_warn={slowest['warn']:g})" if slowest["over"] else ""
+    return slowest["words"] + over
 
 
 def _console(out):
@@ -77,7 +85,8 @@ def print_status(statuses: list[RunStatus], out=None) -> None:
         table.add_column()
         for key, value in rows:
             style = _STATE_STYLE.get(s.state, "") if key == "state" else \
-                ("red" if key in ("failure", "health") and value not in ("ok", "not running") else "")
+                ("red" if key in ("failure", "health") and value not in ("ok", "not running") else
+                 "yellow" if key == "slowest" and s.slowest["over"] else "")
             table.add_row(key, value, style=style)
         console.print(table)
 

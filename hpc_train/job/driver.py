@@ -127,7 +127,7 @@ def launch_plan(spec: JobSpec, paths: RunPaths, allocation: Allocation, environ,
         "MASTER_ADDR": master_address(allocation, launch.network_interface, socket.gethostname(),
                                       ipv4_addresses() if launch.network_interface else []),
         "MASTER_PORT": str(rendezvous_port(environ.get("SLURM_JOB_ID"))),
-        STALL_ENV: f"{launch.stall_seconds:g}",
+        STALL_ENV: str(launch.stall_seconds),
         # One value per start of the ranks: a node's ranks recognise this start's local copy.
         LAUNCH_ID_ENV: f"{environ.get('SLURM_JOB_ID', 'local')}-"
                        f"{environ.get('SLURM_RESTART_COUNT', '0')}-{os.getpid()}-{time.time():.0f}",
@@ -167,7 +167,8 @@ def run_driver(run_dir: str | Path) -> Decision:
     process = subprocess.Popen(argv, env=launcher_env(plan, environ))
     forwarder = StopForwarder(process)
     watch = Watch(paths, allocation.world_size, spec.launch.stall_seconds,
-                  stop_grace(spec.slurm.signal_seconds), time.time(), plan.method)
+                  stop_grace(spec.slurm.signal_seconds), time.time(), plan.method,
+                  spec.launch.straggler_warn)
     # The handlers stay until the outcome is recorded: our own requeue makes Slurm SIGTERM this
     # process at once, and the default action would end it before the `requeued` event.
     try:

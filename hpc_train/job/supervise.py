@@ -1,5 +1,6 @@
 """Supervising the launcher (mpirun or srun): pass stop signals on, wait in bounded slices, and tear the ranks down
-when the watchdog (watchdog.py) finds them stalled or deaf to a stop."""
+when the watchdog (watchdog.py) finds them stalled or deaf to a stop; warn of a straggler
+(straggler.py) on the way."""
 
 from __future__ import annotations
 
@@ -9,12 +10,13 @@ import signal
 import socket
 import subprocess
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from hpc_train import events
 from hpc_train.job import watchdog
+from hpc_train.job.straggler import StragglerWarnings
 from hpc_train.rundir import RunPaths
-from hpc_train.runtime.heartbeat import beat_interval
+from hpc_train.runtime.heartbeat import Beat, beat_interval, stall_bound
 
 log = logging.getLogger("hpc_train.driver")
 
@@ -51,10 +53,15 @@ class Watch:
     """What the supervision loop needs to judge the ranks."""
     paths: RunPaths
     world_size: int
-    stall_seconds: float
+    stall_seconds: float | str    # launch.stall_seconds: seconds, or "auto"
     grace: float
     launched: float
     method: str = "mpirun"   # the launcher: how the ranks are torn down
+    straggler_warn: float | None = None   # launch.straggler_warn
+    warnings: StragglerWarnings = field(init=False)
+
+    def __post_init__(self):
+        self.warnings = StragglerWarnings(self.straggler_warn)
 
     @property
     def interval(self) -> float:
@@ -62,13 +69,20 @@ class Watch:
 
     def stall(self, forwarder: StopForwarder, now: float) -> watchdog.Stall | None:
         beats = watchdog.read_beats(self.paths.heartbeat, since=self.launched)
+        self.warn_straggler(beats, now)
         if forwarder.at is not None:
             found = watchdog.stop_ignored(beats, self.world_size, now, forwarder.at, self.grace,
                                           self.interval, self.launched)
             if found:
                 return found
-        return watchdog.find_stall(beats, self.world_size, self.launched, now, self.stall_seconds,
-                                   self.interval)
+        bound = stall_bound(self.stall_seconds, beats.values())
+        return watchdog.find_stall(beats, self.world_size, self.launched, now, bound, self.interval)
+
+    def warn_straggler(self, beats: dict[int, Beat], now: float) -> None:
+        """Record a `straggler` event when one is due (bounded per rank)."""
+        if found := self.warnings.due(beats, now):
+            log.warning("straggler: %s", found.words())
+            events.try_record(self.paths, events.straggler(found.words(), **found.to_json()))
 
 
 def supervise(process: subprocess.Popen, forwarder: StopForwarder,

@@ -21,7 +21,7 @@ from hpc_train.launch.identity import rank_from_env
 from hpc_train.launch.network import NETWORK_ENV, rank_interface_env
 from hpc_train.rundir import RunPaths
 from hpc_train.runtime.gpu_sampler import start_sampler
-from hpc_train.runtime.heartbeat import Heartbeat, Phase
+from hpc_train.runtime.heartbeat import AUTO, Heartbeat, Phase
 from hpc_train.runtime.netif import ipv4_addresses
 from hpc_train.runtime.stop import STALL_ENV, STOP_EXIT, StopFlag
 from hpc_train.spec.schema import DEFAULT_STALL_SECONDS
@@ -84,8 +84,8 @@ def start_rank(paths: RunPaths, rank: int) -> StopFlag:
 
 def start_heartbeat(paths: RunPaths, rank: int) -> Heartbeat:
     """The rank's heartbeat thread, beating at the driver's launch.stall_seconds."""
-    stall_seconds = float(os.environ.get(STALL_ENV) or DEFAULT_STALL_SECONDS)
-    return Heartbeat(paths.rank_heartbeat(rank), rank, stall_seconds).start()
+    setting = os.environ.get(STALL_ENV) or DEFAULT_STALL_SECONDS
+    return Heartbeat(paths.rank_heartbeat(rank), rank, AUTO if setting == AUTO else float(setting)).start()
 
 
 def main(argv: list[str] | None = None) -> int:

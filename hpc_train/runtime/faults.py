@@ -3,6 +3,9 @@
 Set HPC_TRAIN_FAULT in the ranks' environment (e.g. through launch.env of a test spec):
     raise:RANK:STEP            rank RANK raises RuntimeError after finishing step STEP
     sleep:RANK:STEP:SECONDS    rank RANK sleeps SECONDS inside step STEP (a stalled rank)
+    slow:RANK:STEP:FACTOR      rank RANK runs FACTOR times slower from step STEP on (a straggler):
+                               after each step it sleeps FACTOR-1 times its own time since the
+                               last one (the slowest rank waits for nobody, so that is its work)
     slow_write:RANK:STEP:SECONDS  rank RANK's background write of the checkpoint of step STEP
                                sleeps SECONDS after its own files and before the marker (rank
                                0: before it finishes the checkpoint), while training goes on
@@ -42,6 +45,7 @@ class Fault:
     rank: int
     step: int
     seconds: float = 0.0
+    factor: float = 1.0
 
 
 def parse_fault(text: str | None) -> Fault | None:
@@ -52,14 +56,17 @@ def parse_fault(text: str | None) -> Fault | None:
         return Fault(parts[0], int(parts[1]), int(parts[2]))
     if parts[0] in ("sleep", "slow_write") and len(parts) == 4:
         return Fault(parts[0], int(parts[1]), int(parts[2]), float(parts[3]))
-    raise ValueError(f"{FAULT_ENV}={text!r}: expected raise|oom|exit|kill|segv|freeze:RANK:STEP or "
-                     "sleep|slow_write:RANK:STEP:SECONDS")
+    if parts[0] == "slow" and len(parts) == 4 and float(parts[3]) >= 1:
+        return Fault("slow", int(parts[1]), int(parts[2]), factor=float(parts[3]))
+    raise ValueError(f"{FAULT_ENV}={text!r}: expected raise|oom|exit|kill|segv|freeze:RANK:STEP, "
+                     "sleep|slow_write:RANK:STEP:SECONDS or slow:RANK:STEP:FACTOR (FACTOR >= 1)")
 
 
 class FaultInjector:
     def __init__(self, rank: int, environ=os.environ):
         self.rank = rank
         self.fault = parse_fault(environ.get(FAULT_ENV))
+        self.last_step_end: float | None = None    # slow: when this rank's previous step ended
 
     def during_write(self, step: int) -> None:
         """Called by the checkpoint writer between this rank's files and the marker."""
@@ -67,12 +74,21 @@ class FaultInjector:
         if fault is not None and fault.kind == "slow_write" and (fault.rank, fault.step) == (self.rank, step):
             time.sleep(fault.seconds)
 
+    def _slow_down(self, step: int, fault: Fault) -> None:
+        now = time.perf_counter()
+        if step >= fault.step and self.last_step_end is not None:
+            time.sleep((fault.factor - 1) * (now - self.last_step_end))
+        self.last_step_end = time.perf_counter()
+
     def at_step(self, step: int) -> None:
         fault = self.fault
         if fault is None or fault.rank != self.rank or fault.kind == "slow_write":
             return
         if fault.kind == "freeze" and step >= fault.step:
             os.kill(os.getpid(), signal.SIGSTOP)
+            return
+        if fault.kind == "slow":
+            self._slow_down(step, fault)
             return
         if fault.step != step:
             return

@@ -5,13 +5,18 @@ The training loop only notes progress (two assignments per step, no I/O); a daem
 heartbeat/rank-N every `interval` seconds:
 
     {"rank", "host", "pid", "step", "phase", "progress": time of the last progress,
-     "time": time of this write}
+     "time": time of this write, "times": the rank's recent step times (`RankTimes`)}
 
 Two clocks tell two stories: an old `progress` with a fresh `time` is a rank alive but stuck
 (in a collective waiting for a peer, or in a slow call); an old `time` is a rank that stopped
 running altogether (SIGSTOP, a frozen node, a process holding the GIL forever). A rank stuck for
 half of `stall_seconds` writes the Python stack of every thread to its log once, so `diagnose`
 can show where it hangs (a frozen process cannot; the driver reports its process state).
+
+`times` holds medians of the rank's last steps (train/timing.py: StepTimes, the loop's clock),
+for the straggler comparison (job/straggler.py), and the longest time without progress in a
+step and in a checkpoint save since its first step, from which `launch.stall_seconds: auto`
+derives the stall bound (`stall_bound`).
 
 The reader of the format is here too (`Beat`, `parse_beat`, `read_beats`): the driver's watchdog
 (job/watchdog.py) and `status`/`diagnose` on the login node read the files with it.
@@ -29,6 +34,7 @@ import time
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
+from typing import Callable, Iterable
 
 from hpc_train.rundir import HEARTBEAT_GLOB
 
@@ -60,20 +66,63 @@ class Phase(str, Enum):
 # steps (logged loss, stop agreement, evaluation totals). A rank in an earlier phase of the same
 # step than the others is the one they wait for. They change several times a step: in memory only.
 STEP_PHASES = (Phase.DATA, Phase.TRAIN, Phase.SYNC)
+# `launch.stall_seconds: auto`: the phases whose silences a step's bound covers (an evaluation
+# batch is shorter than a step; a save's end is a moment); a save has its own; any other phase
+# (start-up, resuming) gets AUTO_START_SECONDS.
+STEP_BOUND_PHASES = (*STEP_PHASES, Phase.EVALUATE, Phase.SAVED)
+AUTO = "auto"
+AUTO_START_SECONDS = 600.0   # before the first step: staging, building, resuming, the first step
+AUTO_FLOOR_SECONDS = 60.0    # never tighter: a busy file system, a slow collective now and then
+AUTO_MARGIN = 5.0            # times the longest silence seen (ft_launcher's safety factor)
 
 
-def beat_interval(stall_seconds: float) -> float:
+def beat_interval(stall_seconds: float | str) -> float:
     """Often enough to tell a frozen rank well within the stall bound, rarely enough for a
-    shared file system with thousands of ranks."""
-    return min(5.0, max(1.0, stall_seconds / 10))
+    shared file system with thousands of ranks (with `auto`: the start-up bound's)."""
+    seconds = AUTO_START_SECONDS if stall_seconds == AUTO else float(stall_seconds)
+    return min(5.0, max(1.0, seconds / 10))
+
+
+def derived_stall_seconds(phases: Iterable[str], longest_step: float | None,
+                          longest_save: float | None) -> float:
+    """`auto`'s bound, given the ranks' phases now and the longest silences seen in a step and
+    in a save: AUTO_MARGIN times the one that covers where the ranks are, at least
+    AUTO_FLOOR_SECONDS; AUTO_START_SECONDS where nothing covers it (no step seen yet, a rank in
+    start-up, a first save)."""
+    phases = {str(phase) for phase in phases}     # the words: a Phase hashes by its name
+    if longest_step is None or not phases <= {str(p) for p in (*STEP_BOUND_PHASES, Phase.CHECKPOINT)}:
+        return AUTO_START_SECONDS
+    longest = longest_step
+    if str(Phase.CHECKPOINT) in phases:
+        if longest_save is None:
+            return AUTO_START_SECONDS
+        longest = max(longest, longest_save)
+    return max(AUTO_FLOOR_SECONDS, AUTO_MARGIN * longest)
+
+
+def stall_bound(setting: float | str, beats: Iterable[Beat]) -> float:
+    """launch.stall_seconds in seconds now: a number as given; `auto` from the beats (a rank
+    without a beat, or without times, counts as not past its first step)."""
+    if setting != AUTO:
+        return float(setting)
+    beats = list(beats)
+    steps = [b.times.longest_step if b.times else None for b in beats]
+    if not beats or None in steps:
+        return AUTO_START_SECONDS
+    saves = [b.times.longest_save for b in beats if b.times.longest_save is not None]
+    return derived_stall_seconds((b.phase for b in beats), max(steps), max(saves, default=None))
 
 
 class Heartbeat:
-    def __init__(self, path: Path, rank: int, stall_seconds: float, clock=time.time):
+    def __init__(self, path: Path, rank: int, stall_seconds: float | str, clock=time.time):
         self.path, self.rank, self.stall_seconds, self.clock = Path(path), rank, stall_seconds, clock
         self.interval = beat_interval(stall_seconds)
         self.step, self.phase = 0, Phase.STARTING
         self.progress_time = clock()
+        self.step_times: Callable[[], dict | None] = lambda: None   # the loop's clock's medians
+        self.first_step: int | None = None
+        self.longest: dict[str, float] = {}     # "step", "save": the longest silence since it
+        self.synced_seconds = 0.0               # in phase sync so far: waiting between steps
         self._dumped_at: float | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="hpc_train-heartbeat", daemon=True)
@@ -87,19 +136,35 @@ class Heartbeat:
         """Called by the loop: cheap enough for every step and every evaluation batch (no I/O,
         except a beat written at once when the phase changes, a few times per run: a rank that
         freezes right after, before the thread's next beat, is then still shown where it is)."""
+        now = self.clock()
+        if self.phase == Phase.SYNC:
+            self.synced_seconds += now - self.progress_time
+        if self.first_step is not None and self.step > self.first_step:
+            self._note_silence(now - self.progress_time)
         if step is not None:
+            self.first_step = step if self.first_step is None else self.first_step
             self.step = step
-        self.progress_time = self.clock()
+        self.progress_time = now
         if phase is not None and phase != self.phase:
             rare = not (phase in STEP_PHASES and self.phase in STEP_PHASES)
             self.phase = phase
             if rare:
                 self.write()
 
+    def _note_silence(self, seconds: float) -> None:
+        kind = "save" if self.phase == Phase.CHECKPOINT else "step" if self.phase in STEP_BOUND_PHASES else None
+        if kind and seconds > self.longest.get(kind, 0.0):
+            self.longest[kind] = seconds
+
     def record(self) -> dict:
-        return {"rank": self.rank, "host": socket.gethostname(), "pid": os.getpid(),
-                "step": self.step, "phase": self.phase, "progress": self.progress_time,
-                "time": self.clock()}
+        record = {"rank": self.rank, "host": socket.gethostname(), "pid": os.getpid(),
+                  "step": self.step, "phase": self.phase, "progress": self.progress_time,
+                  "time": self.clock()}
+        times = {**(self.step_times() or {}),
+                 **{f"longest_{kind}": round(s, 4) for kind, s in self.longest.items()}}
+        if times:
+            record["times"] = times
+        return record
 
     def write(self) -> None:
         tmp = self.path.with_name(f".{self.path.name}.tmp")
@@ -115,9 +180,15 @@ class Heartbeat:
             self.write()
             self._dump_if_stuck()
 
+    def _bound(self) -> float:
+        """The stall bound as this rank alone can tell it (with `auto`, from its own silences)."""
+        if self.stall_seconds != AUTO:
+            return float(self.stall_seconds)
+        return derived_stall_seconds([self.phase], self.longest.get("step"), self.longest.get("save"))
+
     def _dump_if_stuck(self) -> None:
         idle = self.clock() - self.progress_time
-        if idle < self.stall_seconds / 2 or self._dumped_at == self.progress_time:
+        if idle < self._bound() / 2 or self._dumped_at == self.progress_time:
             return
         self._dumped_at = self.progress_time
         print(f"{STACK_DUMP_HEADER} for {idle:.0f} s on rank {self.rank} at step {self.step} "
@@ -135,6 +206,17 @@ class Heartbeat:
 # -- reading the beats (the driver's watchdog, `status` and `diagnose` on the login node) ----------
 
 @dataclass(frozen=True)
+class RankTimes:
+    """A rank's `times`: medians over its last steps (seconds; None: not measured)."""
+    step: float | None = None          # from one step's start to the next's
+    data: float | None = None          # waiting for the loader
+    busy: float | None = None          # the step less the time blocked in the gradient reduction
+    steps: int = 0                     # how many steps the medians are of
+    longest_step: float | None = None  # the longest silence in a step since the first step
+    longest_save: float | None = None  # ... in a checkpoint save
+
+
+@dataclass(frozen=True)
 class Beat:
     """One rank's heartbeat file, as read back."""
     rank: int
@@ -144,15 +226,17 @@ class Beat:
     time: float          # when the beat was written (the rank was alive)
     pid: int | None = None
     host: str | None = None
+    times: RankTimes | None = None
 
 
 def parse_beat(text: str) -> Beat | None:
     """A heartbeat file's text -> Beat; None for anything else (a partial or foreign file)."""
     try:
         record = json.loads(text)
+        times = record.get("times")
         return Beat(int(record["rank"]), int(record["step"]), str(record.get("phase", "?")),
                     float(record["progress"]), float(record["time"]), record.get("pid"),
-                    record.get("host"))
+                    record.get("host"), RankTimes(**times) if isinstance(times, dict) else None)
     except (ValueError, KeyError, TypeError):
         return None
 
@@ -173,6 +257,8 @@ def read_beats(directory: Path, since: float = 0.0) -> dict[int, Beat]:
 
 class NoHeartbeat:
     """For code that trains outside a run (benchmarks, tests of one process)."""
+
+    synced_seconds = 0.0
 
     def progress(self, step: int | None = None, phase: Phase | None = None) -> None:
         pass

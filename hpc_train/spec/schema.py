@@ -13,6 +13,7 @@ from typing import Any, Callable, Literal, Optional, Union
 
 from hpc_train.models.catalog import MODEL_NAMES, model as model_entry, options_of
 from hpc_train.parallel.layout import Parallelism, ParallelLayout
+from hpc_train.runtime.heartbeat import AUTO, AUTO_START_SECONDS
 from hpc_train.spec import values
 
 ModelName = Literal[MODEL_NAMES]        # the model catalog's names: one list
@@ -121,11 +122,22 @@ class LaunchSpec:
     env: dict[str, str] = spec_field(doc="environment variables exported to every rank",
                                      factory=dict, key_check=values.check_env_name,
                                      each=values.check_env_value)
-    stall_seconds: float = spec_field(
+    stall_seconds: Union[float, Literal["auto"]] = spec_field(
         DEFAULT_STALL_SECONDS, doc="the driver tears the ranks down when no rank progresses for this long, "
         "and requeues the job from its last checkpoint while checkpoint.retries_on_failure "
         "allows (else the job fails): longer than start-up, one step, one evaluation batch "
-        "and one checkpoint save", ge=5)
+        "and one checkpoint save; auto: 5x the longest step or save seen so far, at least 60 s "
+        "(10 minutes before the first step, and in a first save)", ge=5)
+    straggler_warn: Optional[float] = spec_field(
+        1.5, doc="the driver records a `straggler` warning when the slowest rank's own time per "
+        "step (the step less its wait for the others' gradients) reaches this many times the "
+        "other ranks' median; None = never", ge=1, example=1.5)
+
+    @property
+    def stall_limit(self) -> float:
+        """stall_seconds as one number for waits that cannot follow `auto` (the checkpoint
+        writer's): `auto`'s bound before the first step, its loosest."""
+        return AUTO_START_SECONDS if self.stall_seconds == AUTO else self.stall_seconds
 
 
 @dataclass(frozen=True)

@@ -62,7 +62,7 @@ class Checkpointing:
         self.asynchronous = ckpt.write == "async"
         # Every wait for a write is bounded by the watchdog's limit: past it, the driver would
         # take the rank for stalled anyway.
-        self.writer = BackgroundWriter(timeout=spec.launch.stall_seconds)
+        self.writer = BackgroundWriter(timeout=spec.launch.stall_limit)
         self.snapshot = HostSnapshot()
         if self.asynchronous:
             guard_forks(self.writer)

@@ -4,10 +4,12 @@ a training step's time goes (named marks at the step's boundaries, read afterwar
 The stopwatch reads perf_counter(); on a GPU it first waits for the work queued on the device
 (a kernel runs after the Python call that queued it returns), so a reading covers the work.
 
-Training uses NO_CLOCK, whose marks do nothing. `bench train` gives the trainer a StepClock: on
-a CPU a mark reads perf_counter(); on a GPU it records a CUDA event on the current stream and
-nothing waits for it (the benchmark reads the times after the steps), so a mark says when the
-GPU reached that point, not when Python queued the work. No mark synchronises anything.
+Training uses StepTimes: each mark reads perf_counter() (no wait for a GPU), and the medians of
+the last steps go into the rank's heartbeat (for the straggler comparison). `bench train` gives
+the trainer a StepClock: on a CPU a mark reads perf_counter(); on a GPU it records a CUDA event on
+the current stream and nothing waits for it (the benchmark reads the times after the steps), so
+a mark says when the GPU reached that point, not when Python queued the work. No mark
+synchronises anything.
 
 The marks of one step, in order (`breakdown` turns them into durations):
 
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections import deque
 from typing import Callable, Mapping
 
 # No torch at import: the report (bench/train_report.py) reads PARTS and `breakdown` on hosts
@@ -81,10 +84,13 @@ def medians(rounds: Mapping[str, list[float]]) -> dict[str, float]:
 
 
 class NullClock:
-    """The clock of normal training: every call does nothing."""
+    """A clock whose every call does nothing."""
 
     def mark(self, name: str) -> None:
         pass
+
+    def summary(self) -> dict | None:
+        return None
 
     def after(self, function: Callable, name: str) -> Callable:
         return function
@@ -96,7 +102,69 @@ class NullClock:
 NO_CLOCK = NullClock()
 
 
-class StepClock(NullClock):
+class MarkingClock(NullClock):
+    """A clock whose marks do something: `after` wraps a function to mark when it returns."""
+
+    def after(self, function: Callable, name: str) -> Callable:
+        """`function`, marking `name` when it returns (Horovod's synchronize)."""
+        def timed(*args, **kwargs):
+            result = function(*args, **kwargs)
+            self.mark(name)
+            return result
+        return timed
+
+
+STEP_WINDOW = 32         # steps whose medians StepTimes gives: a save or an evaluation moves none
+
+
+def blocked_seconds(marks: Mapping[str, float]) -> float:
+    """How long a step waited for the other ranks' gradients, as far as its marks tell (the
+    collectives between steps are the heartbeat's phase sync: StepTimes adds them).
+
+    Horovod: in optimizer.synchronize() (`backward` -> `reduced`; the loss read back after each
+    backward has waited for a GPU's kernels, so `backward` is when they finished). DDP reduces
+    inside backward, which cannot be split without a hook, so its forward/backward counts as
+    blocked (the rank's own time is then its data wait and the loop's work: a lower bound). The
+    pipeline marks nothing inside its step: 0."""
+    if "reduced" in marks and "backward" in marks:
+        return marks["reduced"] - marks["backward"]
+    if "backward" in marks and "data" in marks:
+        return marks["backward"] - marks["data"]
+    return 0.0
+
+
+class StepTimes(MarkingClock):
+    """Training's clock: the marks of each step on perf_counter() (a few microseconds a step,
+    nothing waits for a GPU), kept for the last STEP_WINDOW steps; `summary` gives their medians
+    (read by the heartbeat's thread). synced: seconds spent so far in the collectives between
+    steps (the logged loss, the stop agreement: the heartbeat's phase sync), blocked time too."""
+
+    def __init__(self, synced: Callable[[], float] = lambda: 0.0, window: int = STEP_WINDOW):
+        self.synced, self.synced_at_start = synced, 0.0
+        self.marks: dict[str, float] = {}
+        self.steps: deque[tuple[float, float, float]] = deque(maxlen=window)  # step, data, busy
+
+    def mark(self, name: str) -> None:
+        now = time.perf_counter()
+        if name == "start":
+            synced = self.synced()
+            if "start" in self.marks:    # the previous step ends where this one starts
+                step = now - self.marks["start"]
+                data = self.marks.get("data", self.marks["start"]) - self.marks["start"]
+                blocked = blocked_seconds(self.marks) + synced - self.synced_at_start
+                self.steps.append((step, data, step - blocked))
+            self.marks, self.synced_at_start = {}, synced
+        self.marks[name] = now
+
+    def summary(self) -> dict | None:
+        steps = tuple(self.steps)        # one C-level copy: the loop may append meanwhile
+        if not steps:
+            return None
+        step, data, busy = (round(statistics.median(column), 6) for column in zip(*steps))
+        return {"step": step, "data": data, "busy": busy, "steps": len(steps)}
+
+
+class StepClock(MarkingClock):
     """Marks of every step since the last `reset`, on the CPU clock or as CUDA events."""
 
     def __init__(self, device):
@@ -116,14 +184,6 @@ class StepClock(NullClock):
         else:
             stamp = time.perf_counter()
         self.steps[-1][name] = stamp
-
-    def after(self, function: Callable, name: str) -> Callable:
-        """`function`, marking `name` when it returns (Horovod's synchronize)."""
-        def timed(*args, **kwargs):
-            result = function(*args, **kwargs)
-            self.mark(name)
-            return result
-        return timed
 
     def watch(self, model) -> None:
         """On a DDP model, mark `grads` as each gradient bucket's reduction starts (the last

@@ -36,7 +36,7 @@ from hpc_train.train.precision import Precision
 from hpc_train.train.schedule import LrSchedule
 from hpc_train.train.step import optimizer_step
 from hpc_train.train.tensorboard_log import TensorBoardLog
-from hpc_train.train.timing import NO_CLOCK
+from hpc_train.train.timing import NO_CLOCK, StepTimes
 
 log = logging.getLogger("hpc_train.trainer")
 
@@ -124,10 +124,13 @@ class Trainer:
     node-local copy of the shards to read instead of data.path."""
 
     def __init__(self, spec, paths: RunPaths, identity: RankInfo, stop: StopFlag | None = None,
-                 heartbeat=None, data_root=None, clock=NO_CLOCK):
+                 heartbeat=None, data_root=None, clock=None):
         self.spec, self.paths, self.identity = spec, paths, identity
-        self.clock = clock   # marks each step's parts for `bench train`; training's does nothing
         self.heartbeat = heartbeat or NoHeartbeat()
+        # Marks each step's parts: training's gives the heartbeat its medians (stragglers),
+        # `bench train`'s breaks the steps down.
+        self.clock = clock or StepTimes(lambda: self.heartbeat.synced_seconds)
+        self.heartbeat.step_times = self.clock.summary
         self.faults = FaultInjector(identity.rank)
         self.device = pick_device(spec, identity)
         # Built once from spec + identity; every per-rank answer (stage, replica, data part) is its.

@@ -198,6 +198,33 @@ def test_summarize_uses_the_runs_own_stall_bound_and_world(tmp_path):
     assert between.state == "RUNNING" and between.health.ok and between.health.stalled_ranks == []
 
 
+def test_status_names_the_slowest_rank_and_its_node_and_an_auto_stall_bound(tmp_path):
+    from hpc_train.inspection.text import status_rows
+    from hpc_train.runtime.heartbeat import RankTimes
+
+    paths = RunPaths(tmp_path / "run")
+    history = [events.stamped(events.started(["vm", "n07"], 2, None, [], "auto"), environ={},
+                              now=LAUNCHED)]
+
+    def beats(idle, longest=0.3):
+        return {r: Beat(r, 9, "train", NOW - idle, NOW - 1, 10 + r, host,
+                        RankTimes(0.3, data, busy, 32, longest_step=longest))
+                for r, host, data, busy in ((0, "vm", 0.01, 0.1), (1, "n07", 0.2, 0.3))}
+
+    status = summarize(RunFiles(paths, history, [], beats(20), None, spec={}), NOW)
+    assert (status.slowest["rank"], status.slowest["host"], status.slowest["over"]) == (1, "n07", True)
+    assert status.slowest["on_data"] and status.slowest["warn"] == 1.5      # the default
+    # auto: a 60 s bound (5 x 0.3 s, at least the floor), ranks named after half of it
+    assert status.health.ok
+    assert not summarize(RunFiles(paths, history, [], beats(40), None), NOW).health.ok
+    assert summarize(RunFiles(paths, history, [], beats(40, None), None), NOW).health.ok  # no step yet
+    row = dict(status_rows(status))["slowest"]
+    assert row.startswith("rank 1 on n07: 3.0x") and "STRAGGLER (over launch.straggler_warn=1.5)" in row
+    quiet = summarize(RunFiles(paths, history, [], beats(20), None,
+                               spec={"launch": {"straggler_warn": None}}), NOW)
+    assert not quiet.slowest["over"] and "STRAGGLER" not in dict(status_rows(quiet))["slowest"]
+
+
 def test_summarize_names_the_waiting_ranks_and_a_quiet_run(tmp_path):
     history = [events.stamped(events.submitted("7", "slurm", "h"), environ={}, now=LAUNCHED - 10),
                events.stamped(events.started(["vm"], 2, None, [], 300.0), environ={}, now=LAUNCHED)]

@@ -205,6 +205,29 @@ def test_report_command_without_sacct_on_path(tmp_path):
     assert document["requeues"] == 1 and document["checkpoints"]["saves"] == 3
 
 
+def test_report_names_the_last_runs_slowest_rank_and_counts_warnings(tmp_path, monkeypatch, capsys):
+    from hpc_train import events
+    from hpc_train.rundir import append_jsonl
+
+    paths = recorded_run(tmp_path)
+    last_start = max(e["time"] for e in EVENTS if e["event"] == "started")
+    append_jsonl(paths.events, events.stamped(events.straggler("rank 1 ...", rank=1), environ={},
+                                              now=last_start + 5))
+    paths.heartbeat.mkdir(parents=True, exist_ok=True)
+    for rank, busy in ((0, 0.05), (1, 0.2)):
+        paths.rank_heartbeat(rank).write_text(json.dumps(
+            {"rank": rank, "host": f"n{rank}", "pid": 1, "step": 90, "phase": "saved",
+             "progress": last_start + 9, "time": last_start + 9,
+             "times": {"step": 0.25, "data": 0.01, "busy": busy, "steps": 32}}))
+    with_sacct(monkeypatch, tmp_path, "#!/bin/sh\nexit 0\n")
+    report = build_report(paths, now=0, plot=False)
+    assert (report.slowest["rank"], report.slowest["host"], report.straggler_warnings) == (1, "n1", 1)
+    assert json.loads(json.dumps(report.to_json()))["slowest"]["ratio"] == 4.0
+    print_report(report)
+    out = capsys.readouterr().out
+    assert "slowest rank:" in out and "rank 1 on n1: 4.0x" in out and "straggler warnings:     1" in out
+
+
 def test_report_of_a_run_that_never_started(tmp_path, monkeypatch):
     paths = RunPaths.new(tmp_path / "runs", "queued")
     shutil.copy(REPO / "jobs" / "smoke.yaml", paths.spec)
