@@ -39,15 +39,17 @@ RANK_FINISHED = "rank_finished"
 PIPELINE_CUT = "pipeline_cut"
 DATA_STAGED = "data_staged"
 RANKS_STALLED = "ranks_stalled"
+RESTARTED = "restarted"
 REQUEUED = "requeued"
 FINISHED = "finished"
 
 ALL = (SUBMITTED, SUBMIT_FAILED, RESUBMITTED, SPEC_CHANGE_ALLOWED, STARTED, TRAINING_STARTED,
        RESUMED, CHECKPOINT_SKIPPED, CHECKPOINT_SAVED, STOP_REQUESTED, STOP_SAVED, RANK_FAILED,
-       RANK_FINISHED, PIPELINE_CUT, DATA_STAGED, RANKS_STALLED, REQUEUED, FINISHED)
+       RANK_FINISHED, PIPELINE_CUT, DATA_STAGED, RANKS_STALLED, RESTARTED, REQUEUED, FINISHED)
 
-# Why a run was requeued (`requeued.cause`). Failures and stalls count toward
-# checkpoint.retries_on_failure; stops and interruptions toward checkpoint.max_requeues.
+# Why a run was requeued (`requeued.cause`) or restarted in its job (`restarted.cause`: failures
+# and stalls only). Requeued failures and stalls count toward checkpoint.retries_on_failure;
+# stops and interruptions toward checkpoint.max_requeues.
 CAUSE_STOP = "stop"                # the ranks agreed on a stop and saved (time limit, USR2)
 CAUSE_INTERRUPTED = "interrupted"  # a signal to the whole job ended the ranks (preemption, requeue)
 CAUSE_FAILURE = "failure"          # a rank failed
@@ -80,9 +82,10 @@ def spec_change_allowed(from_hash: str, to_hash: str, keys: list[str]) -> dict:
 
 
 def started(hosts: list[str], ranks: int, deadline: float | None, argv: list[str],
-            stall_seconds: float) -> dict:
+            stall_seconds: float, launch: int = 0) -> dict:
+    """launch: which start of the ranks in this job (0; k after the k-th in-job restart)."""
     return {"event": STARTED, "hosts": hosts, "ranks": ranks, "deadline": deadline, "argv": argv,
-            "stall_seconds": stall_seconds}
+            "stall_seconds": stall_seconds, "launch": launch}
 
 
 def training_started(**fields) -> dict:
@@ -140,6 +143,14 @@ def data_staged(host: str, root: str, local: bool, copied: int, kept: int, repla
 def ranks_stalled(why: str, ranks: list[dict], idle_seconds: float) -> dict:
     """ranks: one dict per stalled rank: rank, host, pid, step, phase, idle_seconds, state."""
     return {"event": RANKS_STALLED, "why": why, "ranks": ranks, "idle_seconds": idle_seconds}
+
+
+def restarted(reason: str, cause: str, attempt: int, budget: int, returncode: int,
+              seconds: float) -> dict:
+    """The ranks torn down and started again in the same job: attempt (1-based) of budget
+    (launch.restarts_in_job)."""
+    return {"event": RESTARTED, "reason": reason, "cause": cause, "attempt": attempt,
+            "budget": budget, "returncode": returncode, "seconds": seconds}
 
 
 def requeued(reason: str, cause: str, by: str, detail: str, returncode: int, seconds: float) -> dict:
@@ -217,8 +228,14 @@ def last_submission(events: list[dict]) -> tuple[str, str] | None:
 
 
 def run_starts(events: list[dict]) -> list[float]:
-    """Times of the driver's `started` events: run K (0-based) begins at starts[K]."""
+    """Times of the driver's `started` events: run K (0-based) begins at starts[K] (each start
+    of the ranks is a run, in-job restarts included)."""
     return sorted(e["time"] for e in named(events, STARTED))
+
+
+def job_starts(events: list[dict]) -> list[dict]:
+    """The `started` events that began a job's run on its allocation (not an in-job restart)."""
+    return sorted((e for e in named(events, STARTED) if not e.get("launch")), key=lambda e: e["time"])
 
 
 def stop_reason_since(events: list[dict], since: float) -> str | None:
@@ -282,7 +299,15 @@ def requeue_reasons(events: list[dict]) -> list[str]:
 
 
 def ending(events: list[dict]) -> dict | None:
-    """How a run ended as the driver recorded it: its first `requeued` or `finished` event."""
+    """How a run (one start of the ranks) ended as the driver recorded it: its first
+    `restarted`, `requeued` or `finished` event."""
+    found = named(events, RESTARTED, REQUEUED, FINISHED)
+    return found[0] if found else None
+
+
+def job_ending(events: list[dict]) -> dict | None:
+    """How a job's run on its allocation ended: its first `requeued` or `finished` event (the
+    in-job restarts before it went on in the same allocation)."""
     found = named(events, REQUEUED, FINISHED)
     return found[0] if found else None
 
@@ -298,6 +323,9 @@ def ending_words(event: dict | None) -> str | None:
         return None
     if was_requeued(event):
         return f"requeued (cause {event.get('cause') or '?'}, by {event.get('by') or '?'})"
+    if event.get("event") == RESTARTED:
+        return (f"restarted in the job (cause {event.get('cause') or '?'}, "
+                f"{event.get('attempt')} of {event.get('budget')})")
     return f"finished {event.get('status') or '?'}"
 
 

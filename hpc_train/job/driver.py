@@ -11,6 +11,7 @@ ranks that stop progressing (or ignore a stop) are torn down and the job requeue
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import shutil
@@ -24,7 +25,7 @@ from pathlib import Path
 import hpc_train
 from hpc_train import events, run_state, scheduler
 from hpc_train.errors import LaunchError
-from hpc_train.job.requeue import Decision, decide, ending_status, requeue_path
+from hpc_train.job.requeue import Budget, Decision, Ended, decide, ending_status, requeue_path
 from hpc_train.job.supervise import StopForwarder, Watch, supervise
 from hpc_train.launch.allocation import Allocation, allocation_from_slurm, local_allocation
 from hpc_train.launch.argv import LaunchPlan, inherited, launch_argv, launcher_env
@@ -35,7 +36,7 @@ from hpc_train.rundir import RunPaths
 from hpc_train.runtime import environment
 from hpc_train.runtime.netif import ipv4_addresses
 from hpc_train.runtime.stop import DEADLINE_ENV, STALL_ENV, STOP_EXIT
-from hpc_train.spec import CheckpointSpec, JobSpec, load_spec
+from hpc_train.spec import JobSpec, load_spec
 
 log = logging.getLogger("hpc_train.driver")
 WORKER = "hpc_train.job.worker"   # the ranks' entry point (`bench train` starts its own)
@@ -130,7 +131,7 @@ def launch_plan(spec: JobSpec, paths: RunPaths, allocation: Allocation, environ,
         STALL_ENV: f"{launch.stall_seconds:g}",
         # One value per start of the ranks: a node's ranks recognise this start's staging.
         LAUNCH_ID_ENV: f"{environ.get('SLURM_JOB_ID', 'local')}-"
-                       f"{environ.get('SLURM_RESTART_COUNT', '0')}-{os.getpid()}-{time.time():.0f}",
+                       f"{environ.get('SLURM_RESTART_COUNT', '0')}-{os.getpid()}-{time.time():.3f}",
         **horovod_env(spec.parallel.horovod, paths, int(environ.get("SLURM_RESTART_COUNT") or 0)),
         **launch.env,
     }
@@ -147,38 +148,60 @@ def launch_plan(spec: JobSpec, paths: RunPaths, allocation: Allocation, environ,
 
 
 def run_driver(run_dir: str | Path) -> Decision:
-    """Start the ranks, watch them, then finish, fail or requeue the job; returns what it did."""
+    """Start the ranks, watch them, then finish, fail, requeue the job or start the ranks again
+    in it (launch.restarts_in_job); returns what it did last."""
     paths = RunPaths(Path(run_dir))
     environ = dict(os.environ)
     package = Path(hpc_train.__file__).parent
     if problem := environment.code_problem(environ, paths.code, package):
         raise LaunchError(problem)
     spec = load_spec(paths.spec)
-    started = time.time()
     allocation = current_allocation(spec, environ)
-    end = planned_end(spec, environ, started)
+    end = planned_end(spec, environ, time.time())
     deadline = stop_deadline(spec, end)
-    plan = launch_plan(spec, paths, allocation, environ, deadline)
-    argv = launch_argv(plan)
-    _record_environment(paths, environ, plan, package)
-    events.try_record(paths, events.started(list(allocation.host_names), allocation.world_size,
-                                            deadline, argv, spec.launch.stall_seconds))
-    log.info("starting %d ranks: %s", allocation.world_size, " ".join(argv))
-    process = subprocess.Popen(argv, env=launcher_env(plan, environ))
-    forwarder = StopForwarder(process)
-    watch = Watch(paths, allocation.world_size, spec.launch.stall_seconds,
-                  stop_grace(spec.slurm.signal_seconds), time.time(), plan.method)
     # The handlers stay until the outcome is recorded: our own requeue makes Slurm SIGTERM this
     # process at once, and the default action would end it before the `requeued` event.
+    forwarder = StopForwarder()
     try:
-        returncode, stall = supervise(process, forwarder, watch)
-        if forwarder.reason:
-            events.try_record(paths, events.stop_requested(forwarder.reason, "driver signal"))
-        decision = conclude(paths, spec.checkpoint, environ, started, end,
-                            Ended(returncode, round(time.time() - started, 1),
-                                  stall.why if stall else None, forwarder.reason))
+        for launch in itertools.count():
+            decision = run_ranks(paths, spec, environ, allocation, forwarder,
+                                 Launch(launch, deadline, end))
+            if decision.action != "restart":
+                return decision
     finally:
         forwarder.restore()
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One start of the ranks in this job: which (0, then k after the k-th restart in it), and
+    the job's stop deadline and planned end (None outside Slurm)."""
+    index: int
+    deadline: float | None
+    end: float | None
+
+
+def run_ranks(paths: RunPaths, spec: JobSpec, environ, allocation: Allocation,
+              forwarder: StopForwarder, launch: Launch) -> Decision:
+    """Start the ranks once, supervise them, and decide and carry out what follows."""
+    started = time.time()
+    plan = launch_plan(spec, paths, allocation, environ, launch.deadline)
+    argv = launch_argv(plan)
+    _record_environment(paths, environ, plan, package=Path(hpc_train.__file__).parent)
+    events.try_record(paths, events.started(list(allocation.host_names), allocation.world_size,
+                                            launch.deadline, argv, spec.launch.stall_seconds,
+                                            launch.index))
+    log.info("starting %d ranks: %s", allocation.world_size, " ".join(argv))
+    process = subprocess.Popen(argv, env=launcher_env(plan, environ))
+    forwarder.follow(process)
+    watch = Watch(paths, allocation.world_size, spec.launch.stall_seconds,
+                  stop_grace(spec.slurm.signal_seconds), time.time(), plan.method)
+    returncode, stall = supervise(process, forwarder, watch)
+    if forwarder.reason:
+        events.try_record(paths, events.stop_requested(forwarder.reason, "driver signal"))
+    ended = Ended(returncode, round(time.time() - started, 1), stall.why if stall else None,
+                  forwarder.reason)
+    decision = conclude(paths, spec, environ, started, launch, ended)
     log.info("ranks exited %d: %s (%s)", returncode, decision.action, decision.reason)
     return decision
 
@@ -192,29 +215,33 @@ def _record_environment(paths: RunPaths, environ, plan: LaunchPlan, package: Pat
         log.warning("could not record the environment in %s: %s", paths.environment, exc)
 
 
-@dataclass(frozen=True)
-class Ended:
-    """How this run's ranks ended: mpirun's exit status, after how long; why the watchdog tore
-    them down, if it did; the stop signal the driver got and forwarded, if any."""
-    returncode: int
-    seconds: float
-    stall: str | None = None
-    signal: str | None = None
-
-
-def conclude(paths: RunPaths, checkpoint: CheckpointSpec, environ, started: float,
-             end: float | None, ended: Ended) -> Decision:
+def conclude(paths: RunPaths, spec: JobSpec, environ, started: float, launch: Launch,
+             ended: Ended) -> Decision:
     """Decide from how the ranks ended and the run state (retries spent), then carry it out."""
     restart = int(environ.get("SLURM_RESTART_COUNT") or 0)
+    checkpoint = spec.checkpoint
     # The stop's reason (an event) only words the outcome: the action never depends on events.
-    stop_reason = events.stop_reason_since(events.read(paths), started) or ended.signal
-    decision = decide(ended.returncode, stop_reason=stop_reason, restarts=restart,
-                      failed_runs=run_state.read(paths).failed_runs(),
-                      max_requeues=checkpoint.max_requeues,
-                      retries_on_failure=checkpoint.retries_on_failure,
-                      can_requeue=under_slurm(environ), driver_signalled=ended.signal is not None,
-                      stall=ended.stall)
-    return _carry_out(decision, paths, environ, restart, end, ended)
+    decision = decide(ended, events.stop_reason_since(events.read(paths), started), Budget(
+        requeues=restart, max_requeues=checkpoint.max_requeues,
+        failed_runs=run_state.read(paths).failed_runs(),
+        retries_on_failure=checkpoint.retries_on_failure, restarts_in_job=launch.index,
+        max_restarts_in_job=spec.launch.restarts_in_job, can_requeue=under_slurm(environ)))
+    if decision.action == "restart":
+        return _restart(decision, paths, launch.index + 1, spec.launch.restarts_in_job, ended)
+    return _carry_out(decision, paths, environ, restart, launch.end, ended)
+
+
+def _restart(decision: Decision, paths: RunPaths, attempt: int, budget: int,
+             ended: Ended) -> Decision:
+    """Count the restart in the run state and record it; the caller starts the ranks again.
+    A count that cannot be written is logged only: this driver bounds its own restarts."""
+    try:
+        run_state.update(paths, lambda state: state.with_restart_in_job(decision.cause))
+    except OSError as exc:
+        log.warning("could not count the restart in %s: %s", paths.run_state, exc)
+    events.try_record(paths, events.restarted(decision.reason, decision.cause, attempt, budget,
+                                              ended.returncode, ended.seconds))
+    return decision
 
 
 def _count_retry(paths: RunPaths, cause: str | None) -> str | None:

@@ -24,22 +24,32 @@ TEARDOWN_SECONDS = 30        # mpirun's own SIGTERM -> SIGKILL of its ranks, bef
 
 
 class StopForwarder:
-    """Signal handlers that pass a stop on to the launcher once, and remember why and when."""
+    """Signal handlers that pass a stop on to the launcher once, and remember why and when.
+    They stay for the whole job: a stop between two starts of the ranks reaches the next."""
 
-    def __init__(self, process: subprocess.Popen):
+    def __init__(self, process: subprocess.Popen | None = None):
         self.process = process
         self.reason: str | None = None
         self.at: float | None = None
         self.previous = {sig: signal.signal(sig, self._handle) for sig in STOP_SIGNALS}
 
+    def follow(self, process: subprocess.Popen) -> None:
+        """Forward to this launcher from now on (at once if the stop came already)."""
+        self.process = process
+        if self.reason is not None:
+            self._forward()
+
     def _handle(self, signum, _frame) -> None:
         if self.reason is None:
             self.reason, self.at = signal.Signals(signum).name, time.time()
-            # Always USR2 to the launcher: mpirun and srun pass USR1/USR2 on to the ranks, but
-            # Open MPI treats a SIGTERM as "abort the job" and kills the ranks (and their data
-            # workers) before they can save. The ranks stop at a step boundary either way.
-            if self.process.poll() is None:
-                self.process.send_signal(signal.SIGUSR2)
+            self._forward()
+
+    def _forward(self) -> None:
+        # Always USR2 to the launcher: mpirun and srun pass USR1/USR2 on to the ranks, but
+        # Open MPI treats a SIGTERM as "abort the job" and kills the ranks (and their data
+        # workers) before they can save. The ranks stop at a step boundary either way.
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGUSR2)
 
     def restore(self) -> None:
         for sig, handler in self.previous.items():

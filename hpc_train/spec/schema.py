@@ -123,9 +123,13 @@ class LaunchSpec:
                                      each=values.check_env_value)
     stall_seconds: float = spec_field(
         DEFAULT_STALL_SECONDS, doc="the driver tears the ranks down when no rank progresses for this long, "
-        "and requeues the job from its last checkpoint while checkpoint.retries_on_failure "
-        "allows (else the job fails): longer than start-up, one step, one evaluation batch "
-        "and one checkpoint save", ge=5)
+        "and starts them again from the last checkpoint (launch.restarts_in_job, then "
+        "checkpoint.retries_on_failure; else the job fails): longer than start-up, one step, "
+        "one evaluation batch and one checkpoint save", ge=5)
+    restarts_in_job: int = spec_field(
+        2, doc="after a rank's failure or a stall, start the ranks again from the last "
+        "checkpoint inside the same allocation, up to this many times per job, before "
+        "requeueing (checkpoint.retries_on_failure); 0 = always requeue", ge=0)
 
 
 @dataclass(frozen=True)
@@ -278,7 +282,8 @@ class CheckpointSpec:
     max_requeues: int = spec_field(10, doc="requeues after a time-limit stop before giving up",
                                    ge=0)
     retries_on_failure: int = spec_field(0, doc="requeues from the last checkpoint after a "
-                                         "crash (non-zero exit) or a hang (launch.stall_seconds)",
+                                         "crash (non-zero exit) or a hang (launch.stall_seconds), "
+                                         "once launch.restarts_in_job are spent",
                                          ge=0)
 
 

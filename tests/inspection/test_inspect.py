@@ -209,6 +209,19 @@ def test_summarize_names_the_waiting_ranks_and_a_quiet_run(tmp_path):
     assert "no progress for 1.7 min" in quiet.message
 
 
+def test_status_counts_the_restarts_in_the_job_from_the_run_state(tmp_path):
+    from hpc_train import run_state
+    from hpc_train.inspection.text import status_rows
+
+    paths = RunPaths.new(tmp_path, "restarted")
+    for cause in (events.CAUSE_FAILURE, events.CAUSE_STALL, events.CAUSE_FAILURE):
+        run_state.update(paths, lambda s: s.with_restart_in_job(cause))
+    status = summarize(RunFiles.read(paths), NOW)
+    assert status.restarts_in_job == {"failure": 2, "stall": 1}
+    assert ("restarts", "3  (failure 2, stall 1) in the job") in status_rows(status)
+    assert ("restarts", "0 in the job") in status_rows(summarize(RunFiles.read(RunPaths.new(tmp_path, "x")), NOW))
+
+
 def test_rate_eta_throughput_and_total_steps():
     train = [{"time": 10.0 + i, "step": 4 * i, "samples_per_s": 100.0 + i} for i in range(20)]
     assert step_rate(train, since=0) == pytest.approx(4.0)

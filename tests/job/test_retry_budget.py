@@ -1,5 +1,6 @@
 """The driver's retry budget comes from the run state: with every event write failing, a job that
-fails on every run is retried exactly checkpoint.retries_on_failure times, then FAILED."""
+fails on every run is restarted in the job launch.restarts_in_job times, then retried exactly
+checkpoint.retries_on_failure times, then FAILED."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from hpc_train import run_state, scheduler
 from hpc_train.job import driver
 from hpc_train.rundir import RunPaths
 from hpc_train.runtime.faults import EVENTS_FAULT_ENV
-from hpc_train.spec import CheckpointSpec
+from hpc_train.spec import CheckpointSpec, JobSpec, LaunchSpec, RunSpec
 
 
 @pytest.fixture
@@ -21,9 +22,11 @@ def requeues(monkeypatch):
     return asked
 
 
-def _run_fails(paths: RunPaths, restart: int) -> driver.Decision:
+def _run_fails(paths: RunPaths, restart: int, launch: int = 0, in_job: int = 0) -> driver.Decision:
     environ = {"SLURM_JOB_ID": "5", "SLURM_RESTART_COUNT": str(restart)}
-    return driver.conclude(paths, CheckpointSpec(retries_on_failure=1), environ, 0.0, None,
+    spec = JobSpec(RunSpec("x"), launch=LaunchSpec(restarts_in_job=in_job),
+                   checkpoint=CheckpointSpec(retries_on_failure=1))
+    return driver.conclude(paths, spec, environ, 0.0, driver.Launch(launch, None, None),
                            driver.Ended(1, 2.0))
 
 
@@ -36,6 +39,23 @@ def test_with_every_event_write_failing_one_retry_then_failed(tmp_path, monkeypa
     assert requeues == [0]                          # exactly one scontrol requeue
     assert run_state.read(paths).retries == {"failure": 1}
     assert not paths.events.exists()                # nothing of it was recorded
+
+
+def test_restarts_in_the_job_come_first_and_are_counted_apart(tmp_path, monkeypatch, requeues):
+    monkeypatch.setenv(EVENTS_FAULT_ENV, "1")
+    paths = RunPaths(tmp_path)
+    actions = [_run_fails(paths, 0, launch, in_job=2).action for launch in range(3)]
+    assert actions == ["restart", "restart", "requeue"] and requeues == [0]
+    assert _run_fails(paths, 1, 0, in_job=2).action == "restart"     # a new job, new restarts
+    state = run_state.read(paths)
+    assert (state.restarts_in_job, state.retries) == ({"failure": 3}, {"failure": 1})
+
+
+def test_a_restart_that_cannot_be_counted_is_taken(tmp_path, monkeypatch, requeues):
+    def unwritable(paths, change):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(run_state, "update", unwritable)
+    assert _run_fails(RunPaths(tmp_path), 0, in_job=1).action == "restart"   # bounded by the driver
 
 
 def test_a_retry_that_cannot_be_counted_is_not_taken(tmp_path, monkeypatch, requeues):
