@@ -39,13 +39,15 @@ RANK_FINISHED = "rank_finished"
 PIPELINE_CUT = "pipeline_cut"
 DATA_STAGED = "data_staged"
 RANKS_STALLED = "ranks_stalled"
+NODE_LOST = "node_lost"
 RESTARTED = "restarted"
 REQUEUED = "requeued"
 FINISHED = "finished"
 
 ALL = (SUBMITTED, SUBMIT_FAILED, RESUBMITTED, SPEC_CHANGE_ALLOWED, STARTED, TRAINING_STARTED,
        RESUMED, CHECKPOINT_SKIPPED, CHECKPOINT_SAVED, STOP_REQUESTED, STOP_SAVED, RANK_FAILED,
-       RANK_FINISHED, PIPELINE_CUT, DATA_STAGED, RANKS_STALLED, RESTARTED, REQUEUED, FINISHED)
+       RANK_FINISHED, PIPELINE_CUT, DATA_STAGED, RANKS_STALLED, NODE_LOST, RESTARTED, REQUEUED,
+       FINISHED)
 
 # Why a run was requeued (`requeued.cause`) or restarted in its job (`restarted.cause`: failures
 # and stalls only). Requeued failures and stalls count toward checkpoint.retries_on_failure;
@@ -54,6 +56,7 @@ CAUSE_STOP = "stop"                # the ranks agreed on a stop and saved (time 
 CAUSE_INTERRUPTED = "interrupted"  # a signal to the whole job ended the ranks (preemption, requeue)
 CAUSE_FAILURE = "failure"          # a rank failed
 CAUSE_STALL = "stall"              # the watchdog found no progress and tore the ranks down
+CAUSE_NODE = "node_failure"        # a node died: counts toward checkpoint.retries_on_node_failure
 FAILURE_CAUSES = (CAUSE_FAILURE, CAUSE_STALL)
 
 # How a job ended for good (`finished.status`), and the Slurm-like state each one shows as.
@@ -143,6 +146,12 @@ def data_staged(host: str, root: str, local: bool, copied: int, kept: int, repla
 def ranks_stalled(why: str, ranks: list[dict], idle_seconds: float) -> dict:
     """ranks: one dict per stalled rank: rank, host, pid, step, phase, idle_seconds, state."""
     return {"event": RANKS_STALLED, "why": why, "ranks": ranks, "idle_seconds": idle_seconds}
+
+
+def node_lost(nodes: list[str], why: str) -> dict:
+    """A node of the job died under the ranks (job/node_fault.py); nodes: [] when the launcher
+    did not say which."""
+    return {"event": NODE_LOST, "nodes": nodes, "why": why}
 
 
 def restarted(reason: str, cause: str, attempt: int, budget: int, returncode: int,
@@ -317,13 +326,18 @@ def was_requeued(event: dict | None) -> bool:
     return event is not None and event.get("event") == REQUEUED
 
 
+def was_restarted(event: dict | None) -> bool:
+    """Whether a run's ending (`ending`) is a restart of the ranks inside the job."""
+    return event is not None and event.get("event") == RESTARTED
+
+
 def ending_words(event: dict | None) -> str | None:
     """A run's ending for people: "requeued (cause stop, by driver)" or "finished stopped"."""
     if event is None:
         return None
     if was_requeued(event):
         return f"requeued (cause {event.get('cause') or '?'}, by {event.get('by') or '?'})"
-    if event.get("event") == RESTARTED:
+    if was_restarted(event):
         return (f"restarted in the job (cause {event.get('cause') or '?'}, "
                 f"{event.get('attempt')} of {event.get('budget')})")
     return f"finished {event.get('status') or '?'}"

@@ -57,6 +57,7 @@ class RunStatus:
     checkpoint_age_seconds: float | None
     health: Health
     restarts_in_job: dict[str, int] = field(default_factory=dict)   # per cause (the run state)
+    lost_nodes: dict[str, str] = field(default_factory=dict)  # the job's nodes Slurm shows lost: state
     diagnosis: dict | None = None     # set by the caller for failed or stalled runs
     updated: float = field(default_factory=time.time)
 

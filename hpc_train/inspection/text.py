@@ -53,6 +53,9 @@ def status_rows(s: RunStatus) -> list[tuple[str, str]]:
     if s.efficiency is not None:
         rows.append(("scaling", f"{s.efficiency:.0%} of {s.world_size} x the baseline per rank"))
     rows += [("eta", duration(s.eta_seconds)), ("checkpoint", ckpt), ("health", s.health.message)]
+    if s.lost_nodes:
+        rows.append(("nodes", "; ".join(f"{node} not responding or down (Slurm: {state})"
+                                        for node, state in sorted(s.lost_nodes.items()))))
     if s.diagnosis and (stop := s.diagnosis.get("stop")):
         rows.append(("stopped", stop_words(stop)))
     if s.diagnosis and (stall := s.diagnosis.get("stall")) and stall.get("source") == "driver":

@@ -25,8 +25,9 @@ from pathlib import Path
 import hpc_train
 from hpc_train import events, run_state, scheduler
 from hpc_train.errors import LaunchError
+from hpc_train.job.node_fault import NodeFault, node_fault
 from hpc_train.job.requeue import Budget, Decision, Ended, decide, ending_status, requeue_path
-from hpc_train.job.supervise import StopForwarder, Watch, supervise
+from hpc_train.job.supervise import LauncherOutput, StopForwarder, Watch, supervise
 from hpc_train.launch.allocation import Allocation, allocation_from_slurm, local_allocation
 from hpc_train.launch.argv import LaunchPlan, inherited, launch_argv, launcher_env
 from hpc_train.launch.identity import LAUNCH_ID_ENV
@@ -192,18 +193,32 @@ def run_ranks(paths: RunPaths, spec: JobSpec, environ, allocation: Allocation,
                                             launch.deadline, argv, spec.launch.stall_seconds,
                                             launch.index))
     log.info("starting %d ranks: %s", allocation.world_size, " ".join(argv))
-    process = subprocess.Popen(argv, env=launcher_env(plan, environ))
+    process = subprocess.Popen(argv, env=launcher_env(plan, environ), stderr=subprocess.PIPE,
+                               text=True, errors="replace")
+    output = LauncherOutput(process.stderr)
     forwarder.follow(process)
     watch = Watch(paths, allocation.world_size, spec.launch.stall_seconds,
                   stop_grace(spec.slurm.signal_seconds), time.time(), plan.method)
     returncode, stall = supervise(process, forwarder, watch)
     if forwarder.reason:
         events.try_record(paths, events.stop_requested(forwarder.reason, "driver signal"))
+    fault = None
+    if returncode != 0 or stall:
+        fault = lost_node(returncode, output.tail(), allocation, environ)
+    if fault is not None:
+        events.try_record(paths, events.node_lost(list(fault.nodes), fault.why))
     ended = Ended(returncode, round(time.time() - started, 1), stall.why if stall else None,
-                  forwarder.reason)
+                  forwarder.reason, fault)
     decision = conclude(paths, spec, environ, started, launch, ended)
     log.info("ranks exited %d: %s (%s)", returncode, decision.action, decision.reason)
     return decision
+
+
+def lost_node(returncode: int, lines: list[str], allocation: Allocation, environ) -> NodeFault | None:
+    """Whether a node of the allocation died under the ranks (node_fault.py): from the
+    launcher's last lines and, under Slurm, its view of the nodes."""
+    states = scheduler.node_states(list(allocation.host_names)) if under_slurm(environ) else None
+    return node_fault(returncode, lines, states or {})
 
 
 def _record_environment(paths: RunPaths, environ, plan: LaunchPlan, package: Path) -> None:
@@ -221,11 +236,13 @@ def conclude(paths: RunPaths, spec: JobSpec, environ, started: float, launch: La
     restart = int(environ.get("SLURM_RESTART_COUNT") or 0)
     checkpoint = spec.checkpoint
     # The stop's reason (an event) only words the outcome: the action never depends on events.
+    state = run_state.read(paths)
     decision = decide(ended, events.stop_reason_since(events.read(paths), started), Budget(
-        requeues=restart, max_requeues=checkpoint.max_requeues,
-        failed_runs=run_state.read(paths).failed_runs(),
+        requeues=restart, max_requeues=checkpoint.max_requeues, failed_runs=state.failed_runs(),
         retries_on_failure=checkpoint.retries_on_failure, restarts_in_job=launch.index,
-        max_restarts_in_job=spec.launch.restarts_in_job, can_requeue=under_slurm(environ)))
+        max_restarts_in_job=spec.launch.restarts_in_job,
+        node_failures=state.retries.get(events.CAUSE_NODE, 0),
+        max_node_failures=checkpoint.retries_on_node_failure, can_requeue=under_slurm(environ)))
     if decision.action == "restart":
         return _restart(decision, paths, launch.index + 1, spec.launch.restarts_in_job, ended)
     return _carry_out(decision, paths, environ, restart, launch.end, ended)
@@ -245,9 +262,9 @@ def _restart(decision: Decision, paths: RunPaths, attempt: int, budget: int,
 
 
 def _count_retry(paths: RunPaths, cause: str | None) -> str | None:
-    """Count a failure's or a stall's retry in the run state before it is taken: None, or why it
-    cannot be (then it is not taken: the job would retry past its budget)."""
-    if cause not in events.FAILURE_CAUSES:
+    """Count a failure's, a stall's or a node failure's retry in the run state before it is
+    taken: None, or why it cannot be (then it is not taken: the job would retry past its budget)."""
+    if cause not in (*events.FAILURE_CAUSES, events.CAUSE_NODE):
         return None
     try:
         run_state.update(paths, lambda state: state.with_retry(cause))
@@ -280,11 +297,26 @@ def _carry_out(decision: Decision, paths: RunPaths, environ, restart: int, end: 
                                                      "Slurm is ending the job", returncode, seconds))
             return Decision("stopped", f"{decision.reason}; Slurm ended the job ({status})")
         if decision.action == "requeue":
+            if ended.node_fault is not None and ended.node_fault.nodes:
+                detail += "; " + _exclude(job_id, ended.node_fault.nodes)
             events.try_record(paths, events.requeued(decision.reason, decision.cause, path, detail,
                                                      returncode, seconds))
             return decision
     events.try_record(paths, events.finished(decision.action, decision.reason, returncode, seconds))
     return decision
+
+
+def _exclude(job_id: str, nodes: tuple[str, ...], tries: int = 6) -> str:
+    """Keep the requeued job off the dead nodes. Slurm takes ExcNodeList only once the job is
+    pending again, and ends this process soon after the requeue (KillWait): a few quick tries.
+    A job that Slurm keeps COMPLETING on a dead node until SlurmdTimeout is requeued by Slurm
+    after it, with the node marked down."""
+    for _ in range(tries):
+        problem = scheduler.exclude_nodes(job_id, list(nodes))
+        if problem is None:
+            return f"excluded {','.join(nodes)} (ExcNodeList)"
+        time.sleep(0.5)
+    return f"could not exclude {','.join(nodes)}: {problem}"
 
 
 def _exit_status(decision: Decision) -> int:

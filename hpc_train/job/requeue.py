@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hpc_train import events
+from hpc_train.job.node_fault import NodeFault
 from hpc_train.runtime.stop import STOP_EXIT
 from hpc_train.scheduler import Job
 
@@ -31,6 +32,7 @@ class Ended:
     seconds: float = 0.0
     stall: str | None = None
     signal: str | None = None
+    node_fault: NodeFault | None = None    # the ranks ended because a node died
 
 
 @dataclass(frozen=True)
@@ -38,13 +40,16 @@ class Budget:
     """What the run has spent and may spend: requeues (SLURM_RESTART_COUNT) against
     checkpoint.max_requeues; earlier runs that failed or stalled and were requeued (the run
     state) against checkpoint.retries_on_failure; restarts in this job against
-    launch.restarts_in_job. can_requeue: under Slurm (not submitit's local executor)."""
+    launch.restarts_in_job; requeues after a node's death against
+    checkpoint.retries_on_node_failure. can_requeue: under Slurm (not submitit's local executor)."""
     requeues: int = 0
     max_requeues: int = 0
     failed_runs: int = 0
     retries_on_failure: int = 0
     restarts_in_job: int = 0
     max_restarts_in_job: int = 0
+    node_failures: int = 0
+    max_node_failures: int = 0
     can_requeue: bool = True
 
 
@@ -58,6 +63,8 @@ def decide(ended: Ended, stop_reason: str | None, budget: Budget) -> Decision:
     the ranks before they save: that is an interruption (resume from the last complete
     checkpoint), not a failure of the training; and the job is ending: no restart in it.
     """
+    if ended.node_fault is not None and ended.signal is None:
+        return _after_node_fault(ended.node_fault, budget)
     if ended.stall is not None:
         return _after_failure(f"stall: {ended.stall}", events.CAUSE_STALL, budget,
                               in_job=ended.signal is None)
@@ -76,6 +83,19 @@ def decide(ended: Ended, stop_reason: str | None, budget: Budget) -> Decision:
         return Decision("requeue", reason, cause)
     return _after_failure(f"ranks failed (mpirun exit {ended.returncode})", events.CAUSE_FAILURE,
                           budget, in_job=True)
+
+
+def _after_node_fault(fault: NodeFault, budget: Budget) -> Decision:
+    """A dead node: no restart in the job (it would need the node again); a requeue without the
+    node, spending its own budget and none of checkpoint.retries_on_failure."""
+    what = f"node failure: {fault.why}"
+    if not budget.can_requeue:
+        return Decision("failed", f"{what}; not running under Slurm, so not requeued")
+    if budget.node_failures < budget.max_node_failures:
+        return Decision("requeue", f"{what}; node retry {budget.node_failures + 1} of "
+                                   f"{budget.max_node_failures}", events.CAUSE_NODE)
+    return Decision("failed", f"{what}; checkpoint.retries_on_node_failure="
+                              f"{budget.max_node_failures} used up")
 
 
 def _after_failure(what: str, cause: str, budget: Budget, in_job: bool) -> Decision:

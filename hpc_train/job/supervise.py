@@ -3,11 +3,14 @@ when the watchdog (watchdog.py) finds them stalled or deaf to a stop."""
 
 from __future__ import annotations
 
+import collections
 import logging
 import os
 import signal
 import socket
 import subprocess
+import sys
+import threading
 import time
 from dataclasses import dataclass, replace
 
@@ -54,6 +57,28 @@ class StopForwarder:
     def restore(self) -> None:
         for sig, handler in self.previous.items():
             signal.signal(sig, handler)
+
+
+class LauncherOutput:
+    """The launcher's stderr, passed on to ours line by line, its last lines kept: where mpirun
+    and srun report a lost node (node_fault.py)."""
+
+    def __init__(self, stream, keep: int = 200):
+        self.lines: collections.deque[str] = collections.deque(maxlen=keep)
+        self.thread = threading.Thread(target=self._copy, args=(stream,), daemon=True)
+        self.thread.start()
+
+    def _copy(self, stream) -> None:
+        for line in stream:
+            sys.stderr.write(line)
+            sys.stderr.flush()
+            self.lines.append(line.rstrip("\n"))
+
+    def tail(self, wait: float = 2.0) -> list[str]:
+        """The last lines, once the launcher's stderr is closed (or after `wait` seconds: a
+        process it left behind may hold it open)."""
+        self.thread.join(wait)
+        return list(self.lines)
 
 
 @dataclass

@@ -285,6 +285,10 @@ class CheckpointSpec:
                                          "crash (non-zero exit) or a hang (launch.stall_seconds), "
                                          "once launch.restarts_in_job are spent",
                                          ge=0)
+    retries_on_node_failure: int = spec_field(
+        3, doc="requeues without the node after a node of the job died (its launcher daemon "
+        "lost, Slurm showing it not responding); they spend no checkpoint.retries_on_failure",
+        ge=0)
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,8 @@ import pytest
 
 from hpc_train import run_state, scheduler
 from hpc_train.job import driver
-from hpc_train.rundir import RunPaths
+from hpc_train.job.node_fault import NodeFault
+from hpc_train.rundir import RunPaths, read_jsonl
 from hpc_train.runtime.faults import EVENTS_FAULT_ENV
 from hpc_train.spec import CheckpointSpec, JobSpec, LaunchSpec, RunSpec
 
@@ -56,6 +57,24 @@ def test_a_restart_that_cannot_be_counted_is_taken(tmp_path, monkeypatch, requeu
         raise OSError(28, "No space left on device")
     monkeypatch.setattr(run_state, "update", unwritable)
     assert _run_fails(RunPaths(tmp_path), 0, in_job=1).action == "restart"   # bounded by the driver
+
+
+def test_a_dead_node_is_requeued_excluded_on_its_own_budget(tmp_path, monkeypatch, requeues):
+    excluded = []
+    monkeypatch.setattr(scheduler, "exclude_nodes", lambda job, nodes: excluded.append((job, nodes)))
+    paths = RunPaths(tmp_path)
+    spec = JobSpec(RunSpec("x"), checkpoint=CheckpointSpec(retries_on_failure=1,
+                                                           retries_on_node_failure=1))
+    dead = driver.Ended(205, 2.0, node_fault=NodeFault(("hpcn2",), "mpirun lost its daemon on hpcn2"))
+    decisions = [driver.conclude(paths, spec, {"SLURM_JOB_ID": "5", "SLURM_RESTART_COUNT": str(k)},
+                                 0.0, driver.Launch(0, None, None), dead) for k in (0, 1)]
+    assert [d.action for d in decisions] == ["requeue", "failed"]
+    assert "retries_on_node_failure=1 used up" in decisions[1].reason
+    assert excluded == [("5", ["hpcn2"])] and requeues == [0]
+    assert run_state.read(paths).retries == {"node_failure": 1}
+    assert run_state.read(paths).failed_runs() == 0                  # the code's budget untouched
+    [requeued] = [e for e in read_jsonl(paths.events) if e["event"] == "requeued"]
+    assert requeued["cause"] == "node_failure" and requeued["detail"].endswith("excluded hpcn2 (ExcNodeList)")
 
 
 def test_a_retry_that_cannot_be_counted_is_not_taken(tmp_path, monkeypatch, requeues):

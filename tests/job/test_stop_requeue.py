@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from hpc_train import events
+from hpc_train.job.node_fault import NodeFault
 from hpc_train.job.requeue import Budget, Ended, decide, ending_status, requeue_path
 from hpc_train.run_state import RunState
 from hpc_train.runtime.stop import STOP_EXIT, StopFlag, agreed_reason, one_hot
@@ -43,10 +44,14 @@ def test_signal_sets_the_flag():
 BASE = dict(requeues=0, failed_runs=0, max_requeues=3, retries_on_failure=0, can_requeue=True)
 
 
+DEAD = NodeFault(("hpcn2",), "mpirun lost its daemon on hpcn2")
+
+
 def _decide(returncode: int, stall: str | None = None, signal: str | None = None,
-            stop_reason: str | None = "SIGUSR2", **budget):
+            stop_reason: str | None = "SIGUSR2", node: NodeFault | None = None, **budget):
     """decide() from one flat row of a table: how the ranks ended, and the budget."""
-    return decide(Ended(returncode, 1.0, stall, signal), stop_reason, Budget(**{**BASE, **budget}))
+    return decide(Ended(returncode, 1.0, stall, signal, node), stop_reason,
+                  Budget(**{**BASE, **budget}))
 
 
 @pytest.mark.parametrize("returncode, changes, action", [
@@ -73,6 +78,13 @@ def _decide(returncode: int, stall: str | None = None, signal: str | None = None
     (STOP_EXIT, {"max_restarts_in_job": 2}, "requeue"),
     (1, {"signal": "SIGTERM", "max_restarts_in_job": 2}, "requeue"),
     (STOP_EXIT, {"stall": "stop ignored", "signal": "SIGUSR2", "max_restarts_in_job": 2}, "failed"),
+    # A dead node: never restarted in the job (it needs the node), requeued on its own budget
+    (205, {"node": DEAD, "max_restarts_in_job": 2, "max_node_failures": 1}, "requeue"),
+    (205, {"node": DEAD, "max_node_failures": 1, "failed_runs": 5, "retries_on_failure": 1}, "requeue"),
+    (0, {"node": DEAD, "stall": "x", "max_node_failures": 2, "node_failures": 1}, "requeue"),
+    (205, {"node": DEAD, "max_node_failures": 1, "node_failures": 1, "retries_on_failure": 3}, "failed"),
+    (205, {"node": DEAD, "max_node_failures": 1, "can_requeue": False}, "failed"),
+    (205, {"node": DEAD, "signal": "SIGTERM", "max_node_failures": 1}, "requeue"),   # a stop first
 ])
 def test_decide(returncode, changes, action):
     assert _decide(returncode, **changes).action == action
@@ -85,6 +97,8 @@ def test_decide(returncode, changes, action):
     (0, {"stall": "x", "retries_on_failure": 1}, events.CAUSE_STALL),
     (1, {"max_restarts_in_job": 1}, events.CAUSE_FAILURE),
     (0, {"stall": "x", "max_restarts_in_job": 1}, events.CAUSE_STALL),
+    (205, {"node": DEAD, "max_node_failures": 1}, events.CAUSE_NODE),
+    (205, {"node": DEAD, "signal": "SIGTERM", "max_node_failures": 1}, events.CAUSE_INTERRUPTED),
 ])
 def test_requeues_and_restarts_say_why_and_failures_are_counted_by_cause(returncode, changes, cause):
     decision = _decide(returncode, **changes)
@@ -99,6 +113,14 @@ def test_a_spent_retry_budget_names_the_setting():
     assert decision.reason == ("ranks failed (mpirun exit 1); launch.restarts_in_job=2 used up; "
                                "retry 1 of 1")
     assert _decide(1, max_restarts_in_job=2, restarts_in_job=1).reason.endswith("restart 2 of 2 in the job")
+
+
+def test_a_node_failure_names_its_budget_and_leaves_the_codes_alone():
+    decision = _decide(205, node=DEAD, max_node_failures=3, node_failures=1)
+    assert decision.reason == "node failure: mpirun lost its daemon on hpcn2; node retry 2 of 3"
+    assert RunState().with_retry(decision.cause).failed_runs() == 0
+    assert "retries_on_node_failure=3 used up" in _decide(205, node=DEAD, max_node_failures=3,
+                                                          node_failures=3).reason
 
 
 def test_a_retry_that_cannot_happen_is_not_called_used_up():
