@@ -28,7 +28,8 @@ from hpc_train.errors import LaunchError
 from hpc_train.job.node_fault import NodeFault, node_fault
 from hpc_train.job.requeue import Budget, Decision, Ended, decide, ending_status, requeue_path
 from hpc_train.job.supervise import LauncherOutput, StopForwarder, Watch, supervise
-from hpc_train.launch.allocation import Allocation, allocation_from_slurm, local_allocation
+from hpc_train.launch.allocation import (Allocation, allocation_from_slurm, local_allocation,
+                                         training_hosts)
 from hpc_train.launch.argv import LaunchPlan, inherited, launch_argv, launcher_env
 from hpc_train.launch.identity import LAUNCH_ID_ENV
 from hpc_train.launch.horovod import horovod_env
@@ -85,9 +86,20 @@ def stop_grace(signal_seconds: int) -> float:
     return max(10.0, signal_seconds - 15.0)
 
 
-def current_allocation(spec: JobSpec, environ) -> Allocation:
+def job_allocation(spec: JobSpec, environ) -> Allocation:
+    """Every host of this job (slurm.spare_nodes included), or this host outside Slurm."""
     if environ.get("SUBMITIT_EXECUTOR") != "local" and "SLURM_JOB_NODELIST" in environ:
-        allocation = allocation_from_slurm(environ)
+        return allocation_from_slurm(environ)
+    return local_allocation(socket.gethostname(), spec.world_size)
+
+
+def current_allocation(spec: JobSpec, environ, lost=frozenset()) -> Allocation:
+    """The hosts the ranks run on: the job's first slurm.nodes hosts that have not died."""
+    if environ.get("SUBMITIT_EXECUTOR") != "local" and "SLURM_JOB_NODELIST" in environ:
+        try:
+            allocation = training_hosts(allocation_from_slurm(environ), spec.slurm.nodes, lost)
+        except ValueError as exc:
+            raise LaunchError(str(exc)) from None
     else:
         allocation = local_allocation(socket.gethostname(), spec.world_size)
     if allocation.world_size != spec.world_size:
@@ -157,35 +169,47 @@ def run_driver(run_dir: str | Path) -> Decision:
     if problem := environment.code_problem(environ, paths.code, package):
         raise LaunchError(problem)
     spec = load_spec(paths.spec)
-    allocation = current_allocation(spec, environ)
+    hosts = job_allocation(spec, environ).host_names
     end = planned_end(spec, environ, time.time())
     deadline = stop_deadline(spec, end)
+    lost: frozenset[str] = frozenset()
     # The handlers stay until the outcome is recorded: our own requeue makes Slurm SIGTERM this
     # process at once, and the default action would end it before the `requeued` event.
     forwarder = StopForwarder()
     try:
         for launch in itertools.count():
-            decision = run_ranks(paths, spec, environ, allocation, forwarder,
-                                 Launch(launch, deadline, end))
+            decision, ended = run_ranks(paths, spec, environ, forwarder,
+                                        Launch(launch, deadline, end, hosts, lost))
             if decision.action != "restart":
                 return decision
+            lost |= set(ended.node_fault.nodes if ended.node_fault else ())
     finally:
         forwarder.restore()
 
 
 @dataclass(frozen=True)
 class Launch:
-    """One start of the ranks in this job: which (0, then k after the k-th restart in it), and
-    the job's stop deadline and planned end (None outside Slurm)."""
+    """One start of the ranks in this job: which (0, then k after the k-th restart in it); the
+    job's stop deadline and planned end (None outside Slurm); every host of the job, and those
+    that died under an earlier start (the ranks go on without them, on a spare)."""
     index: int
     deadline: float | None
     end: float | None
+    hosts: tuple[str, ...] = ()
+    lost: frozenset[str] = frozenset()
+
+    def spare_hosts(self, nodes: int, fault: NodeFault | None) -> int:
+        """Hosts left beyond the `nodes` the ranks need, once the fault's are lost too (< 0:
+        too few to go on in the job)."""
+        gone = self.lost | set(fault.nodes if fault else ())
+        return sum(host not in gone for host in self.hosts) - nodes
 
 
-def run_ranks(paths: RunPaths, spec: JobSpec, environ, allocation: Allocation,
-              forwarder: StopForwarder, launch: Launch) -> Decision:
+def run_ranks(paths: RunPaths, spec: JobSpec, environ, forwarder: StopForwarder,
+              launch: Launch) -> tuple[Decision, Ended]:
     """Start the ranks once, supervise them, and decide and carry out what follows."""
     started = time.time()
+    allocation = current_allocation(spec, environ, launch.lost)
     plan = launch_plan(spec, paths, allocation, environ, launch.deadline)
     argv = launch_argv(plan)
     _record_environment(paths, environ, plan, package=Path(hpc_train.__file__).parent)
@@ -211,7 +235,7 @@ def run_ranks(paths: RunPaths, spec: JobSpec, environ, allocation: Allocation,
                   forwarder.reason, fault)
     decision = conclude(paths, spec, environ, started, launch, ended)
     log.info("ranks exited %d: %s (%s)", returncode, decision.action, decision.reason)
-    return decision
+    return decision, ended
 
 
 def lost_node(returncode: int, lines: list[str], allocation: Allocation, environ) -> NodeFault | None:
@@ -242,10 +266,13 @@ def conclude(paths: RunPaths, spec: JobSpec, environ, started: float, launch: La
         retries_on_failure=checkpoint.retries_on_failure, restarts_in_job=launch.index,
         max_restarts_in_job=spec.launch.restarts_in_job,
         node_failures=state.retries.get(events.CAUSE_NODE, 0),
-        max_node_failures=checkpoint.retries_on_node_failure, can_requeue=under_slurm(environ)))
+        max_node_failures=checkpoint.retries_on_node_failure,
+        spare_hosts=launch.spare_hosts(spec.slurm.nodes, ended.node_fault),
+        can_requeue=under_slurm(environ)))
     if decision.action == "restart":
         return _restart(decision, paths, launch.index + 1, spec.launch.restarts_in_job, ended)
-    return _carry_out(decision, paths, environ, restart, launch.end, ended)
+    lost = launch.lost | set(ended.node_fault.nodes if ended.node_fault else ())
+    return _carry_out(decision, paths, environ, restart, launch.end, ended, tuple(sorted(lost)))
 
 
 def _restart(decision: Decision, paths: RunPaths, attempt: int, budget: int,
@@ -274,9 +301,10 @@ def _count_retry(paths: RunPaths, cause: str | None) -> str | None:
 
 
 def _carry_out(decision: Decision, paths: RunPaths, environ, restart: int, end: float | None,
-               ended: Ended) -> Decision:
+               ended: Ended, lost: tuple[str, ...] = ()) -> Decision:
     """Requeue when decided and Slurm agrees (a retry counted first); record what really happens.
-    end: the job's planned end, to tell a time limit from a cancel when Slurm ends it."""
+    end: the job's planned end, to tell a time limit from a cancel when Slurm ends it; lost: the
+    nodes that died under this job, which the requeued job is kept off."""
     returncode, seconds = ended.returncode, ended.seconds
     if decision.action == "requeue":
         job_id = scheduler.job_ref(environ)   # a sweep member requeues its own task, never the array
@@ -297,8 +325,8 @@ def _carry_out(decision: Decision, paths: RunPaths, environ, restart: int, end: 
                                                      "Slurm is ending the job", returncode, seconds))
             return Decision("stopped", f"{decision.reason}; Slurm ended the job ({status})")
         if decision.action == "requeue":
-            if ended.node_fault is not None and ended.node_fault.nodes:
-                detail += "; " + _exclude(job_id, ended.node_fault.nodes)
+            if lost:
+                detail += "; " + _exclude(job_id, lost)
             events.try_record(paths, events.requeued(decision.reason, decision.cause, path, detail,
                                                      returncode, seconds))
             return decision

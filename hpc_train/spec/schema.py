@@ -99,6 +99,10 @@ class SlurmSpec(Resources):
     """A job spec's `slurm:`: the resources, the job's shape and its stop signal."""
     nodes: int = spec_field(1, doc="number of nodes", ge=1)
     tasks_per_node: int = spec_field(1, doc="ranks per node (one per GPU on GPU jobs)", ge=1)
+    spare_nodes: int = spec_field(
+        0, doc="hot spares: nodes asked for beyond slurm.nodes and kept idle; when a node of the "
+        "job dies the ranks start again inside the job on a spare (sbatch --no-kill keeps the "
+        "allocation)", ge=0)
     # Slurm delivers the signal with up to a minute of slack; 65535 is Slurm's own maximum.
     signal_seconds: int = spec_field(120, doc="seconds before the limit that USR2 is sent",
                                      ge=1, le=65535)

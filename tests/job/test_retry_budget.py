@@ -77,6 +77,27 @@ def test_a_dead_node_is_requeued_excluded_on_its_own_budget(tmp_path, monkeypatc
     assert requeued["cause"] == "node_failure" and requeued["detail"].endswith("excluded hpcn2 (ExcNodeList)")
 
 
+def test_a_dead_node_is_replaced_by_a_spare_in_the_job_then_the_job_requeued_without_both(
+        tmp_path, monkeypatch, requeues):
+    excluded = []
+    monkeypatch.setattr(scheduler, "exclude_nodes", lambda job, nodes: excluded.append(nodes))
+    paths = RunPaths(tmp_path)
+    spec = JobSpec(RunSpec("x"), checkpoint=CheckpointSpec(retries_on_node_failure=1))
+    environ = {"SLURM_JOB_ID": "5", "SLURM_RESTART_COUNT": "0"}
+    hosts = ("n1", "n2", "n3")                   # slurm.nodes 1 (default), two spares
+
+    def node_dies(node: str, launch: int, lost=frozenset()):
+        dead = driver.Ended(205, 2.0, node_fault=NodeFault((node,), f"mpirun lost its daemon on {node}"))
+        return driver.conclude(paths, spec, environ, 0.0, driver.Launch(launch, None, None, hosts, lost), dead)
+
+    assert node_dies("n2", 0).action == "restart"
+    assert node_dies("n3", 1, frozenset({"n2"})).action == "restart"
+    assert node_dies("n1", 2, frozenset({"n2", "n3"})).action == "requeue"     # none left
+    assert excluded == [["n1", "n2", "n3"]] and requeues == [0]
+    state = run_state.read(paths)
+    assert (state.restarts_in_job, state.retries) == ({"node_failure": 2}, {"node_failure": 1})
+
+
 def test_a_retry_that_cannot_be_counted_is_not_taken(tmp_path, monkeypatch, requeues):
     def unwritable(paths, change):
         raise OSError(28, "No space left on device")

@@ -85,6 +85,12 @@ def _decide(returncode: int, stall: str | None = None, signal: str | None = None
     (205, {"node": DEAD, "max_node_failures": 1, "node_failures": 1, "retries_on_failure": 3}, "failed"),
     (205, {"node": DEAD, "max_node_failures": 1, "can_requeue": False}, "failed"),
     (205, {"node": DEAD, "signal": "SIGTERM", "max_node_failures": 1}, "requeue"),   # a stop first
+    # ...unless a hot spare is left: then it goes on in the job without the node
+    (205, {"node": DEAD, "spare_hosts": 0, "max_restarts_in_job": 2}, "restart"),
+    (205, {"node": DEAD, "spare_hosts": 0, "max_restarts_in_job": 2, "restarts_in_job": 2,
+           "max_node_failures": 1}, "requeue"),
+    (205, {"node": NodeFault((), "mpirun lost a remote daemon (exit 205)"), "spare_hosts": 1,
+           "max_restarts_in_job": 2, "max_node_failures": 1}, "requeue"),   # which node? unknown
 ])
 def test_decide(returncode, changes, action):
     assert _decide(returncode, **changes).action == action
