@@ -10,12 +10,14 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
 from hpc_train import run_state
 from tests.conftest import REPO
-from tests.runs import describe_failure, drive, events, heartbeat_step, local_run, wait_for
+from tests.runs import (describe_failure, drive, events, heartbeat_step, local_run, metrics_after,
+                        wait_for)
 
 pytestmark = [pytest.mark.mpi, pytest.mark.horovod, pytest.mark.slow]
 
@@ -36,9 +38,13 @@ def test_a_killed_rank_is_restarted_in_the_job_from_the_last_checkpoint(tmp_path
     paths = local_run(tmp_path, *SMALL)
     driver = _driver(paths)
     wait_for(lambda: driver.poll() is not None or heartbeat_step(paths, 1) >= 10, 300, "step 10")
+    killed = time.time()
     os.kill(json.loads(paths.rank_heartbeat(1).read_text())["pid"], signal.SIGKILL)
     assert driver.wait(timeout=300) == 0, describe_failure(paths)
     [restarted] = events(paths, "restarted")
+    again = min(m["time"] for m in metrics_after(paths, restarted["time"]))
+    print(f"[turnaround] in the job, no Slurm: SIGKILL to the launcher's exit "
+          f"{restarted['time'] - killed:.1f} s, to training again {again - killed:.1f} s")
     assert (restarted["cause"], restarted["attempt"], restarted["budget"]) == ("failure", 1, 2)
     assert [e["launch"] for e in events(paths, "started")] == [0, 1]
     [resumed] = events(paths, "resumed")

@@ -52,10 +52,15 @@ def test_restarts_in_the_job_come_first_and_are_counted_apart(tmp_path, monkeypa
     assert (state.restarts_in_job, state.retries) == ({"failure": 3}, {"failure": 1})
 
 
-def test_a_restart_that_cannot_be_counted_is_taken(tmp_path, monkeypatch, requeues):
+@pytest.fixture
+def full_disk(monkeypatch):
+    """The run state cannot be written."""
     def unwritable(paths, change):
         raise OSError(28, "No space left on device")
     monkeypatch.setattr(run_state, "update", unwritable)
+
+
+def test_a_restart_that_cannot_be_counted_is_taken(tmp_path, full_disk, requeues):
     assert _run_fails(RunPaths(tmp_path), 0, in_job=1).action == "restart"   # bounded by the driver
 
 
@@ -98,10 +103,7 @@ def test_a_dead_node_is_replaced_by_a_spare_in_the_job_then_the_job_requeued_wit
     assert (state.restarts_in_job, state.retries) == ({"node_failure": 2}, {"node_failure": 1})
 
 
-def test_a_retry_that_cannot_be_counted_is_not_taken(tmp_path, monkeypatch, requeues):
-    def unwritable(paths, change):
-        raise OSError(28, "No space left on device")
-    monkeypatch.setattr(run_state, "update", unwritable)
+def test_a_retry_that_cannot_be_counted_is_not_taken(tmp_path, full_disk, requeues):
     decision = _run_fails(RunPaths(tmp_path), 0)
     assert decision.action == "failed" and "could not be counted" in decision.reason
     assert requeues == []
