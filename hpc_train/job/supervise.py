@@ -69,10 +69,13 @@ class LauncherOutput:
         self.thread.start()
 
     def _copy(self, stream) -> None:
-        for line in stream:
-            sys.stderr.write(line)
-            sys.stderr.flush()
+        for line in stream:       # drained to the end whatever happens: a full pipe would block mpirun
             self.lines.append(line.rstrip("\n"))
+            try:
+                sys.stderr.write(line)
+                sys.stderr.flush()
+            except (OSError, ValueError):
+                pass
 
     def tail(self, wait: float = 2.0) -> list[str]:
         """The last lines, once the launcher's stderr is closed (or after `wait` seconds: a

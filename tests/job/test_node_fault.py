@@ -56,3 +56,17 @@ def test_parse_show_nodes():
             "NodeName=hpcn2 Arch=x86_64 NodeAddr=10.231.7.12 State=ALLOCATED+NOT_RESPONDING Weight=1\n"
             "Node nosuch not found\n")
     assert parse_show_nodes(text) == {"hpcn1": "IDLE", "hpcn2": "ALLOCATED+NOT_RESPONDING"}
+
+
+def test_the_launchers_stderr_is_passed_on_and_its_last_lines_kept(capfd):
+    import subprocess
+    import sys
+
+    from hpc_train.job.supervise import LauncherOutput
+
+    writer = "import sys\nfor i in range(300): print(f'line {i}', file=sys.stderr)"
+    process = subprocess.Popen([sys.executable, "-c", writer], stderr=subprocess.PIPE, text=True)
+    output = LauncherOutput(process.stderr, keep=2)
+    assert process.wait(timeout=60) == 0
+    assert output.tail() == ["line 298", "line 299"]
+    assert capfd.readouterr().err.splitlines() == [f"line {i}" for i in range(300)]
