@@ -40,19 +40,24 @@ PIPELINE_CUT = "pipeline_cut"
 DATA_COPIED = "data_copied"
 RANKS_STALLED = "ranks_stalled"
 STRAGGLER = "straggler"
+NODE_LOST = "node_lost"
+RESTARTED = "restarted"
 REQUEUED = "requeued"
 FINISHED = "finished"
 
 ALL = (SUBMITTED, SUBMIT_FAILED, RESUBMITTED, SPEC_CHANGE_ALLOWED, STARTED, TRAINING_STARTED,
        RESUMED, CHECKPOINT_SKIPPED, CHECKPOINT_SAVED, STOP_REQUESTED, STOP_SAVED, RANK_FAILED,
-       RANK_FINISHED, PIPELINE_CUT, DATA_COPIED, RANKS_STALLED, STRAGGLER, REQUEUED, FINISHED)
+       RANK_FINISHED, PIPELINE_CUT, DATA_COPIED, RANKS_STALLED, STRAGGLER, NODE_LOST, RESTARTED,
+       REQUEUED, FINISHED)
 
-# Why a run was requeued (`requeued.cause`). Failures and stalls count toward
-# checkpoint.retries_on_failure; stops and interruptions toward checkpoint.max_requeues.
+# Why a run was requeued (`requeued.cause`) or restarted in its job (`restarted.cause`: failures
+# and stalls only). Requeued failures and stalls count toward checkpoint.retries_on_failure;
+# stops and interruptions toward checkpoint.max_requeues.
 CAUSE_STOP = "stop"                # the ranks agreed on a stop and saved (time limit, USR2)
 CAUSE_INTERRUPTED = "interrupted"  # a signal to the whole job ended the ranks (preemption, requeue)
 CAUSE_FAILURE = "failure"          # a rank failed
 CAUSE_STALL = "stall"              # the watchdog found no progress and tore the ranks down
+CAUSE_NODE = "node_failure"        # a node died: counts toward checkpoint.retries_on_node_failure
 FAILURE_CAUSES = (CAUSE_FAILURE, CAUSE_STALL)
 
 # How a job ended for good (`finished.status`), and the Slurm-like state each one shows as.
@@ -81,9 +86,10 @@ def spec_change_allowed(from_hash: str, to_hash: str, keys: list[str]) -> dict:
 
 
 def started(hosts: list[str], ranks: int, deadline: float | None, argv: list[str],
-            stall_seconds: float | str) -> dict:
+            stall_seconds: float | str, launch: int = 0) -> dict:
+    """launch: which start of the ranks in this job (0; k after the k-th in-job restart)."""
     return {"event": STARTED, "hosts": hosts, "ranks": ranks, "deadline": deadline, "argv": argv,
-            "stall_seconds": stall_seconds}
+            "stall_seconds": stall_seconds, "launch": launch}
 
 
 def training_started(**fields) -> dict:
@@ -147,6 +153,20 @@ def straggler(message: str, **measured) -> dict:
     """measured: the slowest rank's comparison (job/straggler.py: Straggler.to_json): rank, host,
     busy, others_busy, step, data, others_data, ratio, wait, share, on_data."""
     return {"event": STRAGGLER, "message": message, **measured}
+
+
+def node_lost(nodes: list[str], why: str) -> dict:
+    """A node of the job died under the ranks (job/node_fault.py); nodes: [] when the launcher
+    did not say which."""
+    return {"event": NODE_LOST, "nodes": nodes, "why": why}
+
+
+def restarted(reason: str, cause: str, attempt: int, budget: int, returncode: int,
+              seconds: float) -> dict:
+    """The ranks torn down and started again in the same job: attempt (1-based) of budget
+    (launch.restarts_in_job)."""
+    return {"event": RESTARTED, "reason": reason, "cause": cause, "attempt": attempt,
+            "budget": budget, "returncode": returncode, "seconds": seconds}
 
 
 def requeued(reason: str, cause: str, by: str, detail: str, returncode: int, seconds: float) -> dict:
@@ -224,8 +244,14 @@ def last_submission(events: list[dict]) -> tuple[str, str] | None:
 
 
 def run_starts(events: list[dict]) -> list[float]:
-    """Times of the driver's `started` events: run K (0-based) begins at starts[K]."""
+    """Times of the driver's `started` events: run K (0-based) begins at starts[K] (each start
+    of the ranks is a run, in-job restarts included)."""
     return sorted(e["time"] for e in named(events, STARTED))
+
+
+def job_starts(events: list[dict]) -> list[dict]:
+    """The `started` events that began a job's run on its allocation (not an in-job restart)."""
+    return sorted((e for e in named(events, STARTED) if not e.get("launch")), key=lambda e: e["time"])
 
 
 def stop_reason_since(events: list[dict], since: float) -> str | None:
@@ -291,7 +317,15 @@ def requeue_reasons(events: list[dict]) -> list[str]:
 
 
 def ending(events: list[dict]) -> dict | None:
-    """How a run ended as the driver recorded it: its first `requeued` or `finished` event."""
+    """How a run (one start of the ranks) ended as the driver recorded it: its first
+    `restarted`, `requeued` or `finished` event."""
+    found = named(events, RESTARTED, REQUEUED, FINISHED)
+    return found[0] if found else None
+
+
+def job_ending(events: list[dict]) -> dict | None:
+    """How a job's run on its allocation ended: its first `requeued` or `finished` event (the
+    in-job restarts before it went on in the same allocation)."""
     found = named(events, REQUEUED, FINISHED)
     return found[0] if found else None
 
@@ -301,12 +335,20 @@ def was_requeued(event: dict | None) -> bool:
     return event is not None and event.get("event") == REQUEUED
 
 
+def was_restarted(event: dict | None) -> bool:
+    """Whether a run's ending (`ending`) is a restart of the ranks inside the job."""
+    return event is not None and event.get("event") == RESTARTED
+
+
 def ending_words(event: dict | None) -> str | None:
     """A run's ending for people: "requeued (cause stop, by driver)" or "finished stopped"."""
     if event is None:
         return None
     if was_requeued(event):
         return f"requeued (cause {event.get('cause') or '?'}, by {event.get('by') or '?'})"
+    if was_restarted(event):
+        return (f"restarted in the job (cause {event.get('cause') or '?'}, "
+                f"{event.get('attempt')} of {event.get('budget')})")
     return f"finished {event.get('status') or '?'}"
 
 

@@ -33,6 +33,9 @@ class RunState:
     consented_specs: tuple[tuple[str | None, str], ...] = ()
     # Blocks per stage: a timed balance reuses its cut after a requeue (the checkpoints hold it).
     pipeline_cut: tuple[int, ...] | None = None
+    # Restarts of the ranks inside their job per cause, over the whole run (launch.restarts_in_job
+    # bounds them per job: the driver counts its own).
+    restarts_in_job: dict[str, int] = field(default_factory=dict)
 
     def failed_runs(self) -> int:
         """Runs that failed or stalled and were retried: what checkpoint.retries_on_failure bounds."""
@@ -43,6 +46,10 @@ class RunState:
 
     def with_retry(self, cause: str) -> RunState:
         return replace(self, retries={**self.retries, cause: self.retries.get(cause, 0) + 1})
+
+    def with_restart_in_job(self, cause: str) -> RunState:
+        return replace(self, restarts_in_job={**self.restarts_in_job,
+                                              cause: self.restarts_in_job.get(cause, 0) + 1})
 
     def with_consent(self, from_hash: str | None, to_hash: str) -> RunState:
         return replace(self, consented_specs=(*self.consented_specs, (from_hash, to_hash)))
@@ -55,21 +62,28 @@ def parse(data) -> RunState:
     """The file's JSON -> RunState; ValueError when it is not a run state."""
     try:
         cut = data.get("pipeline_cut")
-        return RunState({str(k): int(n) for k, n in data.get("retries", {}).items()},
+        return RunState(_counts(data.get("retries", {})),
                         tuple((a, str(b)) for a, b in data.get("consented_specs", [])),
-                        None if cut is None else tuple(int(n) for n in cut))
+                        None if cut is None else tuple(int(n) for n in cut),
+                        _counts(data.get("restarts_in_job", {})))
     except (AttributeError, TypeError, ValueError) as exc:
         raise ValueError(f"not a run state: {exc}") from exc
+
+
+def _counts(data) -> dict[str, int]:
+    return {str(k): int(n) for k, n in data.items()}
 
 
 def from_events(history: list[dict]) -> RunState:
     """The state that the events of a run made before state.json imply."""
     retries = Counter(e.get("cause") for e in events.named(history, events.REQUEUED)
                       if e.get("cause") in events.FAILURE_CAUSES)
+    restarts = Counter(e.get("cause") for e in events.named(history, events.RESTARTED))
     consents = tuple((e.get("from_hash"), e.get("to_hash"))
                      for e in events.named(history, events.SPEC_CHANGE_ALLOWED))
     cuts = events.named(history, events.PIPELINE_CUT)
-    return RunState(dict(retries), consents, tuple(cuts[0]["sizes"]) if cuts else None)
+    return RunState(dict(retries), consents, tuple(cuts[0]["sizes"]) if cuts else None,
+                    dict(restarts))
 
 
 def _load(paths: RunPaths) -> tuple[RunState, dict]:

@@ -201,6 +201,46 @@ def assert_identical(a, b, path="state"):
         assert a == b, path
 
 
+def metrics_after(paths: RunPaths, since: float) -> list[dict]:
+    """The training metric lines rank 0 wrote after `since`."""
+    return [m for m in read_jsonl(paths.metrics) if m.get("split") is None and m["time"] > since]
+
+
+def final_checkpoint(paths: RunPaths, rank: int, step: int):
+    """(the replicated state, rank `rank`'s own state) of the checkpoint of `step`."""
+    import torch
+
+    from hpc_train.checkpoint import layout
+
+    directory = paths.checkpoints / layout.step_dir_name(step)
+    return (torch.load(directory / layout.REPLICATED, weights_only=True),
+            torch.load(directory / layout.rank_file_name(rank), weights_only=True))
+
+
+def assert_same_training(paths: RunPaths, straight: RunPaths, total_steps: int, ranks: int = 2) -> None:
+    """A run interrupted and resumed ended as the uninterrupted `straight` one: the same steps,
+    every rank's parameters, optimizer and buffers bit-identical, and the loss of every step
+    trained (again) after a resume the uninterrupted run's at that step."""
+    import pytest
+
+    for run in (paths, straight):
+        finished = events(run, "rank_finished")
+        assert sorted(e["rank"] for e in finished[-ranks:]) == list(range(ranks))
+        assert {e["step"] for e in finished} == {total_steps}
+    assert ({e["params_sha256"] for e in events(paths, "rank_finished")}
+            == {e["params_sha256"] for e in events(straight, "rank_finished")})
+    for rank in range(ranks):
+        expected, got = final_checkpoint(straight, rank, total_steps), final_checkpoint(paths, rank, total_steps)
+        assert_identical(expected[0]["model"], got[0]["model"], "model")
+        assert_identical(expected[0]["optimizer"], got[0]["optimizer"], "optimizer")
+        assert_identical(expected[1]["buffers"], got[1]["buffers"], f"rank {rank} buffers")
+    expected = {m["step"]: m["loss"] for m in metrics_after(straight, 0)}
+    logged = metrics_after(paths, 0)
+    assert {m["step"] for m in logged} == set(expected)
+    for m in logged:
+        assert m["loss"] == pytest.approx(expected[m["step"]], rel=1e-6, abs=1e-7), m["step"]
+
+
 BAD_SPECS = sorted((REPO / "tests" / "specs_bad").glob("*.yaml"))
 
 

@@ -59,6 +59,23 @@ def test_queries_answer_from_the_right_events():
     assert events.state([*history, at(events.finished("timeout", "x", None, 1.0), 9.0)]) == "TIMEOUT"
 
 
+def test_a_restart_in_the_job_ends_a_run_but_not_the_jobs_segment():
+    history = [
+        at(events.started(["n1"], 2, None, [], 300), 1.0),
+        at(events.restarted("ranks failed (mpirun exit 137)", events.CAUSE_FAILURE, 1, 2, 137, 5.0), 2.0),
+        at(events.started(["n1"], 2, None, [], 300, launch=1), 3.0),
+        at(events.requeued("SIGUSR2", events.CAUSE_STOP, "driver", "", 75, 1.0), 4.0),
+        at(events.started(["n1"], 2, None, [], 300), 5.0),
+    ]
+    assert events.run_starts(history) == [1.0, 3.0, 5.0]           # every start of the ranks
+    assert [e["time"] for e in events.job_starts(history)] == [1.0, 5.0]
+    first = events.in_window(history, 1.0, 5.0)
+    assert events.ending(first)["event"] == "restarted"
+    assert events.job_ending(first)["event"] == "requeued"
+    assert events.ending_words(events.ending(first)) == "restarted in the job (cause failure, 1 of 2)"
+    assert not events.was_requeued(events.ending(first)) and not events.ended_by_stop(events.ending(first))
+
+
 def test_try_record_survives_a_write_that_fails(tmp_path, monkeypatch):
     paths = RunPaths(tmp_path / "gone")             # no such directory: the write fails
     assert events.try_record(paths, events.stop_saved(1, "x")) is False

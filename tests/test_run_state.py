@@ -22,8 +22,9 @@ def test_a_run_without_a_state_starts_fresh_and_updates_are_kept(tmp_path):
     assert run_state.read(paths) == RunState()
     run_state.update(paths, lambda s: s.with_retry(events.CAUSE_FAILURE))
     run_state.update(paths, lambda s: s.with_retry(events.CAUSE_STALL).with_consent("h0", "h1"))
-    new = run_state.update(paths, lambda s: s.with_pipeline_cut([4, 2]))
-    assert run_state.read(paths) == new == RunState({"failure": 1, "stall": 1}, (("h0", "h1"),), (4, 2))
+    new = run_state.update(paths, lambda s: s.with_pipeline_cut([4, 2]).with_restart_in_job("stall"))
+    assert run_state.read(paths) == new == RunState({"failure": 1, "stall": 1}, (("h0", "h1"),), (4, 2),
+                                                    {"stall": 1})
     assert new.failed_runs() == 2 and new.allows("h0", "h1") and not new.allows("h1", "h0")
     assert RunState().with_retry(events.CAUSE_STOP).failed_runs() == 0   # stops spend no retry
     assert sorted(p.name for p in tmp_path.iterdir()) == [".state.lock", "state.json"]  # no temp
@@ -31,10 +32,10 @@ def test_a_run_without_a_state_starts_fresh_and_updates_are_kept(tmp_path):
 
 def test_keys_of_another_version_are_kept_by_an_update(tmp_path):
     paths = RunPaths(tmp_path)
-    paths.run_state.write_text(json.dumps({"retries": {"node_failure": 2}, "restarts_in_job": 3}))
+    paths.run_state.write_text(json.dumps({"retries": {"node_failure": 2}, "later_key": 3}))
     run_state.update(paths, lambda s: s.with_retry(events.CAUSE_FAILURE))
     saved = json.loads(paths.run_state.read_text())
-    assert saved["restarts_in_job"] == 3 and saved["retries"] == {"node_failure": 2, "failure": 1}
+    assert saved["later_key"] == 3 and saved["retries"] == {"node_failure": 2, "failure": 1}
 
 
 def _legacy_events(paths: RunPaths) -> None:

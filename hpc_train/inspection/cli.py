@@ -71,6 +71,9 @@ def build_status(run_dir: Path, slurm: bool = True, baseline: float | None = Non
             run.waiting_ranks += signatures.missing_ranks(_tail_lines(path))
     now = time.time()
     status = summary.summarize(run, now, live, baseline, quiet_minutes * 60)
+    if live is not None and live.state.active and live.nodes:
+        states = scheduler.node_states(scheduler.expand_hostlist(live.nodes)) or {}
+        status.lost_nodes = {node: state for node, state in states.items() if scheduler.node_lost(state)}
     if status.state in _FAILED or status.state == "STOPPED" or not status.health.ok:
         status.diagnosis = diagnose.diagnose(paths, slurm=live, now=now).to_json()
     return status

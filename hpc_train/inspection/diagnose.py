@@ -136,7 +136,8 @@ def recorded_stall(window: list[dict], lines: dict[int, list[Line]], begin: floa
     return {"source": "driver", "time": found.get("time"), "why": found.get("why", "?"),
             "idle_seconds": found.get("idle_seconds"), "ranks": ranks,
             "ending": events.ending_words(end), "detail": end.get("reason") if end else None,
-            "was_requeued": events.was_requeued(end), "time_limit": events.ended_by_time_limit(end)}
+            "was_requeued": events.was_requeued(end), "restarted": events.was_restarted(end),
+            "time_limit": events.ended_by_time_limit(end)}
 
 
 def live_stall(beats: dict[int, heartbeat.Beat], history: list[dict], now: float,
@@ -154,7 +155,8 @@ def live_stall(beats: dict[int, heartbeat.Beat], history: list[dict], now: float
                    f"(launch.stall_seconds={stall_seconds:g}); still running",
             "idle_seconds": round(now - newest, 1),
             "ranks": [_with_stacks(asdict(rank), lines) for rank in held],
-            "ending": None, "detail": None, "was_requeued": False, "time_limit": False}
+            "ending": None, "detail": None, "was_requeued": False, "restarted": False,
+            "time_limit": False}
 
 
 def _with_stacks(rank: dict, lines: dict[int, list[Line]]) -> dict:
@@ -176,7 +178,7 @@ def stall_signature(stall: dict) -> dict:
         line += " (Slurm's time limit ended the job: a consequence of the stall)"
     line += f"; {ranks}"
     done = STALL_DONE
-    if stall["ending"] and not stall["was_requeued"]:
+    if stall["ending"] and not (stall["was_requeued"] or stall["restarted"]):
         done = (f"the driver tore the ranks down; the job was not requeued "
                 f"({stall['detail'] or stall['ending']})")
     return _signature(_STALL_SIGNATURE.title, f"{done}; {STALL_ADVICE}", EVENTS_FILE, line)
@@ -280,6 +282,8 @@ def _signature_lines(paths: RunPaths, driver: list[tuple[str, str]], lines: dict
     for error in events.checkpoint_errors(window):     # a checkpoint that did not load
         for text in error.splitlines():
             yield EVENTS_FILE, text
+    for lost in events.named(window, events.NODE_LOST):  # the driver's verdict: a node died
+        yield EVENTS_FILE, f"node_lost: {', '.join(lost.get('nodes') or ['?'])} ({lost.get('why')})"
 
 
 def _describe(match: Match) -> dict:

@@ -5,7 +5,8 @@ A run is a list of windows on the wall clock, one per start of its job (sacct's 
 driver's `started` events when there is no accounting). Between two windows the run loses the
 time from the first one's end to training again in the next (queue wait, then start-up:
 Python, the backend, the checkpoint load), plus the steps trained after the last checkpoint
-before the stop, which the next window trains again.
+before the stop, which the next window trains again. A restart of the ranks inside a window
+(launch.restarts_in_job) loses the same, without the queue wait.
 """
 
 from __future__ import annotations
@@ -41,9 +42,13 @@ class Usage:
     source: str                   # "sacct", or "spec and events" (an estimate)
 
 
+REQUEUE, RESUME, IN_JOB = "requeue", "resume", "in job"     # Restart.kind
+
+
 @dataclass(frozen=True)
 class Restart:
-    """The gap between window `after` and the next one."""
+    """The gap between window `after` and the next one, or (kind IN_JOB) between two starts of
+    the ranks inside window `after`."""
     after: int
     stopped: float                # when window `after` ended
     started: float                # when the next window started
@@ -51,7 +56,8 @@ class Restart:
     last_step: int                # the highest step reached before the stop
     resumed_step: int | None      # where training went on (0: from scratch; None: never trained)
     step_seconds: float | None    # median seconds per step, to turn redone steps into time
-    resubmitted: bool             # a new job (resume), not a requeue of the same one
+    kind: str                     # REQUEUE; RESUME: a new job; IN_JOB: in the same allocation
+    cause: str | None = None      # IN_JOB: the `restarted` event's (failure, stall)
 
     @property
     def wait(self) -> float:
@@ -73,9 +79,9 @@ class Restart:
 
     @property
     def lost(self) -> float:
-        """Seconds lost to this restart: queue wait (not after a resume, where a person chose
+        """Seconds lost to this restart: the wait (not after a resume, where a person chose
         when), start-up, and the redone steps; unknown parts count as 0."""
-        return ((0.0 if self.resubmitted else self.wait) + (self.startup or 0.0)
+        return ((0.0 if self.kind == RESUME else self.wait) + (self.startup or 0.0)
                 + (self.redone_seconds or 0.0))
 
 
@@ -84,14 +90,15 @@ def windows_from_sacct(segments: list[Segment]) -> list[Window]:
 
 
 def windows_from_events(events: list[dict], cpus: int, gpus: int) -> list[Window]:
-    """Without accounting: the driver's `started` events, each ending at its `requeued` or
-    `finished` event, else at the run's last record before the next start (None for the last)."""
-    starts = sorted(ev.named(events, ev.STARTED), key=lambda e: e["time"])
+    """Without accounting: the driver's `started` events of each job start, each ending at its
+    `requeued` or `finished` event, else at the run's last record before the next start (None
+    for the last)."""
+    starts = ev.job_starts(events)
     windows = []
     for k, start in enumerate(starts):
         until = starts[k + 1]["time"] if k + 1 < len(starts) else float("inf")
         inside = ev.in_window(events, start["time"], until)
-        ending = ev.ending(inside)
+        ending = ev.job_ending(inside)
         if ending is not None:
             end, state = ending["time"], _state_of(ending)
         elif k + 1 < len(starts):
@@ -141,25 +148,38 @@ def step_seconds(metrics: list[dict]) -> float | None:
 
 
 def restarts(windows: list[Window], events: list[dict], metrics: list[dict]) -> list[Restart]:
-    """One Restart per window after the first, in order."""
-    steps = _steps(events, metrics)
-    per_step = step_seconds(metrics)
+    """One Restart per window after the first, and one per restart of the ranks inside a
+    window, in time order."""
+    steps, per_step = _steps(events, metrics), step_seconds(metrics)
     found = []
     for k in range(1, len(windows)):
         before, window = windows[k - 1], windows[k]
         until = windows[k + 1].start if k + 1 < len(windows) else float("inf")
-        began = ev.named(ev.in_window(events, window.start, until), ev.RESUMED, ev.TRAINING_STARTED)
-        first_metric = min((t for t, _ in steps if window.start <= t < until), default=None)
-        training = began[0]["time"] if began else first_metric
-        if began:
-            resumed = began[0]["step"] if began[0]["event"] == ev.RESUMED else 0
-        else:
-            resumed = None
-        reached = max((s for t, s in steps if t < window.start), default=0)
         stopped = before.end if before.end is not None else window.start
-        found.append(Restart(k - 1, stopped, window.start, training, reached, resumed, per_step,
-                             before.job_id != window.job_id))
-    return found
+        found.append(_gap(k - 1, stopped, (window.start, until), events, steps, per_step,
+                          RESUME if before.job_id != window.job_id else REQUEUE))
+    starts = ev.run_starts(events)
+    for restarted in ev.named(events, ev.RESTARTED):
+        later = [t for t in starts if t >= restarted["time"]]
+        if later:
+            inside = [k for k, w in enumerate(windows) if w.start <= restarted["time"]]
+            found.append(_gap(inside[-1] if inside else 0, restarted["time"],
+                              (later[0], later[1] if len(later) > 1 else float("inf")),
+                              events, steps, per_step, IN_JOB, restarted.get("cause")))
+    return sorted(found, key=lambda r: r.stopped)
+
+
+def _gap(after: int, stopped: float, span: tuple[float, float], events: list[dict],
+         steps: list[tuple[float, int]], per_step: float | None, kind: str,
+         cause: str | None = None) -> Restart:
+    """From the stop at `stopped` to training again in `span`, [the next start, the one after)."""
+    started, until = span
+    began = ev.named(ev.in_window(events, started, until), ev.RESUMED, ev.TRAINING_STARTED)
+    first_metric = min((t for t, _ in steps if started <= t < until), default=None)
+    training = began[0]["time"] if began else first_metric
+    resumed = None if not began else began[0]["step"] if began[0]["event"] == ev.RESUMED else 0
+    reached = max((s for t, s in steps if t < started), default=0)
+    return Restart(after, stopped, started, training, reached, resumed, per_step, kind, cause)
 
 
 def checkpoint_time(events: list[dict]) -> tuple[int, float]:

@@ -9,6 +9,7 @@ PNG into the run directory. What cannot be known (no accounting, nothing sampled
 from __future__ import annotations
 
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from hpc_train import events as ev
 from hpc_train import scheduler
@@ -40,7 +41,12 @@ class Report:
 
     @property
     def requeues(self) -> int:
-        return sum(1 for r in self.restarts if not r.resubmitted)
+        return sum(1 for r in self.restarts if r.kind == efficiency.REQUEUE)
+
+    @property
+    def restarts_in_job(self) -> dict[str, int]:
+        """Restarts of the ranks inside their job, per cause."""
+        return dict(Counter(r.cause or "?" for r in self.restarts if r.kind == efficiency.IN_JOB))
 
     @property
     def samples(self) -> int | None:
@@ -58,7 +64,7 @@ class Report:
     @property
     def lost_seconds(self) -> dict[str, float]:
         """Wall-clock seconds lost, by cause (unknown parts count as 0; see `unknown`)."""
-        requeued = [r for r in self.restarts if not r.resubmitted]
+        requeued = [r for r in self.restarts if r.kind == efficiency.REQUEUE]
         return {"queue_wait": sum(r.wait for r in requeued),
                 "startup": sum(r.startup or 0.0 for r in self.restarts),
                 "redone_steps": sum(r.redone_seconds or 0.0 for r in self.restarts),
@@ -69,7 +75,7 @@ class Report:
         return {
             "run": self.run, "job_ids": self.job_ids, "segments": [
                 {**w.__dict__, "elapsed": w.elapsed(self.now)} for w in self.windows],
-            "requeues": self.requeues, "usage": self.usage.__dict__,
+            "requeues": self.requeues, "restarts_in_job": self.restarts_in_job, "usage": self.usage.__dict__,
             "checkpoints": {"saves": self.checkpoint_saves, "seconds": self.checkpoint_seconds},
             "restarts": [{**r.__dict__, "wait": r.wait, "startup": r.startup,
                           "redone_steps": r.redone_steps, "redone_seconds": r.redone_seconds,

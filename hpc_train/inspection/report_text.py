@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from hpc_train.inspection.text import _STATE_STYLE, _console, duration, slowest_words
+from hpc_train.inspection.efficiency import IN_JOB, RESUME
+from hpc_train.inspection.text import _STATE_STYLE, _console, counts_by_cause, duration, slowest_words
 from hpc_train.inspection.report import Report
 
 _GIB = 1024 ** 3
@@ -21,11 +22,12 @@ def _clock(t: float | None) -> str:
 
 def summary_rows(r: Report) -> list[tuple[str, str]]:
     u = r.usage
+    resumes = sum(1 for x in r.restarts if x.kind == RESUME)
     source = "" if u.source == "sacct" else f"  (estimate: {u.source})"
     rows = [("run", r.run), ("jobs", ", ".join(r.job_ids) or "-"),
             ("segments", f"{len(r.windows)}  ({r.requeues} requeue(s)"
-             + (f", {len(r.restarts) - r.requeues} resubmission(s)" if len(r.restarts) > r.requeues else "")
-             + ")"),
+             + (f", {resumes} resubmission(s)" if resumes else "") + ")"),
+            ("restarts in job", counts_by_cause(r.restarts_in_job)),
             ("core-hours", f"{u.core_hours:.4f}{source}"), ("GPU-hours", f"{u.gpu_hours:.4f}{source}"),
             ("CPU efficiency", "-" if u.cpu_efficiency is None else
              f"{u.cpu_efficiency:.1%}  (TotalCPU / elapsed x allocated CPUs)")]
@@ -47,7 +49,7 @@ def summary_rows(r: Report) -> list[tuple[str, str]]:
     redone = sum(x.redone_steps or 0 for x in r.restarts)
     rows += [("checkpoint saves", f"{r.checkpoint_saves} in {duration(r.checkpoint_seconds)} "
               f"({r.checkpoint_seconds:.1f} s)"),
-             ("lost to requeues", f"{duration(lost['queue_wait'])} queue wait + "
+             ("lost to restarts", f"{duration(lost['queue_wait'])} queue wait + "
               f"{duration(lost['startup'])} start-up + {duration(lost['redone_steps'])} redoing "
               f"{redone} step(s)"),
              ("slowest rank", slowest_words(r.slowest) if r.slowest else "-"),
@@ -63,14 +65,15 @@ def segment_rows(r: Report) -> list[tuple[str, ...]]:
 
 
 def restart_rows(r: Report) -> list[tuple[str, ...]]:
-    return [(f"{x.after} -> {x.after + 1}", "resume" if x.resubmitted else "requeue", duration(x.wait),
+    return [(f"in {x.after}" if x.kind == IN_JOB else f"{x.after} -> {x.after + 1}",
+             x.kind + (f" ({x.cause})" if x.cause else ""), duration(x.wait),
              duration(x.startup), f"{x.last_step} -> {x.resumed_step if x.resumed_step is not None else '?'}",
              "-" if x.redone_steps is None else f"{x.redone_steps} ({duration(x.redone_seconds)})",
              duration(x.lost)) for x in r.restarts]
 
 
 SEGMENT_HEADER = ("#", "job", "state", "start", "end", "elapsed", "CPUs", "GPUs")
-RESTART_HEADER = ("segments", "kind", "queue wait", "start-up", "step before -> after", "redone", "lost")
+RESTART_HEADER = ("segments", "kind", "wait", "start-up", "step before -> after", "redone", "lost")
 
 
 def print_report(r: Report, out=None) -> None:

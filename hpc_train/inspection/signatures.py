@@ -25,12 +25,14 @@ class Signature:
 
 
 # A stall: what the driver did, and where to look. diagnose words the first part after what the
-# run's events say really happened (requeued, or ended for good); the table's entry matches the
-# driver's own log line when the event is missing.
-STALL_DONE = ("the driver tore the ranks down and requeued (counts toward "
+# run's events say really happened (restarted, requeued, or ended for good); the table's entry
+# matches the driver's own log line when the event is missing.
+STALL_DONE = ("the driver tore the ranks down and started them again from the last checkpoint: "
+              "in the job (launch.restarts_in_job), else by a requeue (counts toward "
               "checkpoint.retries_on_failure)")
 STALL_LIVE = ("the driver's watchdog tears the ranks down after launch.stall_seconds without "
-              "progress and requeues (counts toward checkpoint.retries_on_failure)")
+              "progress and starts them again: in the job (launch.restarts_in_job), else by a "
+              "requeue (counts toward checkpoint.retries_on_failure)")
 STALL_ADVICE = ("the stalled rank's stacks and process state tell where it hung: a deadlock, slow "
                 "or hung I/O, a collective waiting for a dead peer; state T (stopped) = stopped "
                 "from outside (SIGSTOP, a debugger), D = stuck in the kernel (a file system). If a "
@@ -73,8 +75,8 @@ SIGNATURES: tuple[Signature, ...] = (
               "data with python -m hpc_train data verify"),
     Signature("mpi_launch", "mpirun could not start the ranks",
               (r"There are not enough slots available", r"mpirun was unable to launch",
-               r"prterun was unable to launch", r"\bORTE\b.*(unable|lost|failed|ERROR)",
-               r"\bPRTE\b.*(unable|lost|failed|ERROR)", r"An ORTE daemon has unexpectedly failed",
+               r"prterun was unable to launch", r"\bORTE\b.*(unable|failed|ERROR)",
+               r"\bPRTE\b.*(unable|failed|ERROR)", r"An ORTE daemon has unexpectedly failed",
                r"mpirun was unable to find the specified executable"),
               "slurm.tasks_per_node must fit the allocation; check the hosts in the `started` "
               "event's argv and that the venv's python exists on every node"),
@@ -86,9 +88,13 @@ SIGNATURES: tuple[Signature, ...] = (
               (r"DUE TO PREEMPTION", r"State=PREEMPTED"),
               "nothing to fix in the job: it resumes from its latest complete checkpoint when "
               "requeued; checkpoint more often (checkpoint.every_steps) to lose less"),
-    Signature("node_failure", "a node failed",
-              (r"DUE TO NODE FAILURE", r"State=NODE_FAIL"),
-              "resubmit (python -m hpc_train resume RUN_DIR); tell the admins the node name"),
+    Signature("node_failure", "a node of the job died",
+              (r"DUE TO NODE FAILURE", r"State=NODE_FAIL", r"^node_lost: ",
+               r"\b(ORTE|PRTE) has lost communication with a remote daemon",
+               r"srun: error: Node failure on"),
+              "not a fault of the code: the driver requeues the job without the node "
+              "(checkpoint.retries_on_node_failure; checkpoint.retries_on_failure is untouched), "
+              "else resubmit (python -m hpc_train resume RUN_DIR); tell the admins the node name"),
     Signature("corrupt_shard", "corrupt or unreadable data shard",
               (r"cannot open as a shard", r"DataError: .* is unreadable",
                r"record \d+ \(global index \d+, key", r"cannot read token shard",

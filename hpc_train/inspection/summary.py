@@ -11,10 +11,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from hpc_train import events as ev
+from hpc_train import run_state
 from hpc_train.checkpoint.layout import MARKER, list_complete, step_dir_name
 from hpc_train.inspection.health import Beat, Health, assess
 from hpc_train.job.straggler import slowest_rank
 from hpc_train.rundir import RunPaths, read_jsonl
+from hpc_train.run_state import RunState
 from hpc_train.runtime import heartbeat
 from hpc_train.scheduler import Job
 from hpc_train.spec.schema import DEFAULT_STALL_SECONDS, LaunchSpec
@@ -56,6 +58,8 @@ class RunStatus:
     checkpoint_age_seconds: float | None
     health: Health
     slowest: dict | None = None       # the rank the others wait for (`slowest`), from the beats
+    restarts_in_job: dict[str, int] = field(default_factory=dict)   # per cause (the run state)
+    lost_nodes: dict[str, str] = field(default_factory=dict)  # the job's nodes Slurm shows lost: state
     diagnosis: dict | None = None     # set by the caller for failed or stalled runs
     updated: float = field(default_factory=time.time)
 
@@ -106,13 +110,14 @@ class RunFiles:
     checkpoint: tuple[int, float] | None    # the latest complete one: step, when it was marked
     spec: dict | None = None                # spec.yaml as saved
     waiting_ranks: list[int] = field(default_factory=list)  # missing at a collective (Horovod)
+    state: RunState = field(default_factory=RunState)
 
     @classmethod
     def read(cls, paths: RunPaths) -> RunFiles:
         events = ev.read(paths)
         beats = heartbeat.read_beats(paths.heartbeat, ev.start_time(events))  # the current run's
         return cls(paths, events, read_jsonl(paths.metrics), beats, latest_checkpoint(paths),
-                   read_spec(paths))
+                   read_spec(paths), state=run_state.read(paths))
 
 
 def summarize(run: RunFiles, now: float, slurm: Job | None = None,
@@ -156,7 +161,8 @@ def summarize(run: RunFiles, now: float, slurm: Job | None = None,
         health=assess(run.beats, last.get("time"), now, running and not ended, quiet_seconds,
                       run.waiting_ranks, world_size=world, launched=launched,
                       stall_seconds=ev.stall_seconds(events, DEFAULT_STALL_SECONDS)),
-        slowest=slowest(run.beats, run.spec), updated=now)
+        restarts_in_job=dict(run.state.restarts_in_job), slowest=slowest(run.beats, run.spec),
+        updated=now)
 
 
 def slowest(beats: dict[int, Beat], spec: dict | None) -> dict | None:

@@ -30,6 +30,12 @@ def _num(value: float | None, spec: str = ".4g") -> str:
     return "-" if value is None else format(value, spec)
 
 
+def counts_by_cause(per_cause: dict[str, int]) -> str:
+    """"3  (failure 2, stall 1)", or "0"."""
+    total = sum(per_cause.values())
+    return f"{total}  ({', '.join(f'{c} {n}' for c, n in sorted(per_cause.items()))})" if total else "0"
+
+
 def status_rows(s: RunStatus) -> list[tuple[str, str]]:
     steps = "-" if s.step is None else f"{s.step}/{s.total_steps or '?'}"
     if s.epoch is not None:
@@ -41,13 +47,17 @@ def status_rows(s: RunStatus) -> list[tuple[str, str]]:
     ckpt = "-" if s.checkpoint_step is None else \
         f"step {s.checkpoint_step}, {duration(s.checkpoint_age_seconds)} ago"
     rows = [("run", s.name), ("job", s.job_id or "-"), ("state", f"{s.state}  (from {s.state_source})"),
-            ("requeues", requeues), ("step", steps), ("loss", _num(s.loss)),
+            ("requeues", requeues), ("restarts", f"{counts_by_cause(s.restarts_in_job)} in the job"),
+            ("step", steps), ("loss", _num(s.loss)),
             ("accuracy", _num(s.accuracy, ".3f")), ("lr", _num(s.lr)), ("throughput", flow)]
     if s.efficiency is not None:
         rows.append(("scaling", f"{s.efficiency:.0%} of {s.world_size} x the baseline per rank"))
     if s.slowest:
         rows.append(("slowest", slowest_words(s.slowest)))
     rows += [("eta", duration(s.eta_seconds)), ("checkpoint", ckpt), ("health", s.health.message)]
+    if s.lost_nodes:
+        rows.append(("nodes", "; ".join(f"{node} not responding or down (Slurm: {state})"
+                                        for node, state in sorted(s.lost_nodes.items()))))
     if s.diagnosis and (stop := s.diagnosis.get("stop")):
         rows.append(("stopped", stop_words(stop)))
     if s.diagnosis and (stall := s.diagnosis.get("stall")) and stall.get("source") == "driver":

@@ -11,6 +11,7 @@ ranks that stop progressing (or ignore a stop) are torn down and the job requeue
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import shutil
@@ -24,9 +25,11 @@ from pathlib import Path
 import hpc_train
 from hpc_train import events, run_state, scheduler
 from hpc_train.errors import LaunchError
-from hpc_train.job.requeue import Decision, decide, ending_status, requeue_path
-from hpc_train.job.supervise import StopForwarder, Watch, supervise
-from hpc_train.launch.allocation import Allocation, allocation_from_slurm, local_allocation
+from hpc_train.job.node_fault import NodeFault, node_fault
+from hpc_train.job.requeue import Budget, Decision, Ended, decide, ending_status, requeue_path
+from hpc_train.job.supervise import LauncherOutput, StopForwarder, Watch, supervise
+from hpc_train.launch.allocation import (Allocation, allocation_from_slurm, local_allocation,
+                                         training_hosts)
 from hpc_train.launch.argv import LaunchPlan, inherited, launch_argv, launcher_env
 from hpc_train.launch.identity import LAUNCH_ID_ENV
 from hpc_train.launch.horovod import horovod_env
@@ -35,7 +38,7 @@ from hpc_train.rundir import RunPaths
 from hpc_train.runtime import environment
 from hpc_train.runtime.netif import ipv4_addresses
 from hpc_train.runtime.stop import DEADLINE_ENV, STALL_ENV, STOP_EXIT
-from hpc_train.spec import CheckpointSpec, JobSpec, load_spec
+from hpc_train.spec import JobSpec, load_spec
 
 log = logging.getLogger("hpc_train.driver")
 WORKER = "hpc_train.job.worker"   # the ranks' entry point (`bench train` starts its own)
@@ -83,9 +86,20 @@ def stop_grace(signal_seconds: int) -> float:
     return max(10.0, signal_seconds - 15.0)
 
 
-def current_allocation(spec: JobSpec, environ) -> Allocation:
+def job_allocation(spec: JobSpec, environ) -> Allocation:
+    """Every host of this job (slurm.spare_nodes included), or this host outside Slurm."""
     if environ.get("SUBMITIT_EXECUTOR") != "local" and "SLURM_JOB_NODELIST" in environ:
-        allocation = allocation_from_slurm(environ)
+        return allocation_from_slurm(environ)
+    return local_allocation(socket.gethostname(), spec.world_size)
+
+
+def current_allocation(spec: JobSpec, environ, lost=frozenset()) -> Allocation:
+    """The hosts the ranks run on: the job's first slurm.nodes hosts that have not died."""
+    if environ.get("SUBMITIT_EXECUTOR") != "local" and "SLURM_JOB_NODELIST" in environ:
+        try:
+            allocation = training_hosts(allocation_from_slurm(environ), spec.slurm.nodes, lost)
+        except ValueError as exc:
+            raise LaunchError(str(exc)) from None
     else:
         allocation = local_allocation(socket.gethostname(), spec.world_size)
     if allocation.world_size != spec.world_size:
@@ -130,7 +144,7 @@ def launch_plan(spec: JobSpec, paths: RunPaths, allocation: Allocation, environ,
         STALL_ENV: str(launch.stall_seconds),
         # One value per start of the ranks: a node's ranks recognise this start's local copy.
         LAUNCH_ID_ENV: f"{environ.get('SLURM_JOB_ID', 'local')}-"
-                       f"{environ.get('SLURM_RESTART_COUNT', '0')}-{os.getpid()}-{time.time():.0f}",
+                       f"{environ.get('SLURM_RESTART_COUNT', '0')}-{os.getpid()}-{time.time():.3f}",
         **horovod_env(spec.parallel.horovod, paths, int(environ.get("SLURM_RESTART_COUNT") or 0)),
         **launch.env,
     }
@@ -147,41 +161,89 @@ def launch_plan(spec: JobSpec, paths: RunPaths, allocation: Allocation, environ,
 
 
 def run_driver(run_dir: str | Path) -> Decision:
-    """Start the ranks, watch them, then finish, fail or requeue the job; returns what it did."""
+    """Start the ranks, watch them, then finish, fail, requeue the job or start the ranks again
+    in it (launch.restarts_in_job); returns what it did last."""
     paths = RunPaths(Path(run_dir))
     environ = dict(os.environ)
     package = Path(hpc_train.__file__).parent
     if problem := environment.code_problem(environ, paths.code, package):
         raise LaunchError(problem)
     spec = load_spec(paths.spec)
-    started = time.time()
-    allocation = current_allocation(spec, environ)
-    end = planned_end(spec, environ, started)
+    hosts = job_allocation(spec, environ).host_names
+    end = planned_end(spec, environ, time.time())
     deadline = stop_deadline(spec, end)
-    plan = launch_plan(spec, paths, allocation, environ, deadline)
+    lost: frozenset[str] = frozenset()
+    # The handlers stay until the outcome is recorded: our own requeue makes Slurm SIGTERM this
+    # process at once, and the default action would end it before the `requeued` event.
+    forwarder = StopForwarder()
+    try:
+        for launch in itertools.count():
+            decision, ended = run_ranks(paths, spec, environ, forwarder,
+                                        Launch(launch, deadline, end, hosts, lost))
+            if decision.action != "restart":
+                return decision
+            lost |= set(ended.node_fault.nodes if ended.node_fault else ())
+    finally:
+        forwarder.restore()
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One start of the ranks in this job: which (0, then k after the k-th restart in it); the
+    job's stop deadline and planned end (None outside Slurm); every host of the job, and those
+    that died under an earlier start (the ranks go on without them, on a spare)."""
+    index: int
+    deadline: float | None
+    end: float | None
+    hosts: tuple[str, ...] = ()
+    lost: frozenset[str] = frozenset()
+
+    def spare_hosts(self, nodes: int, fault: NodeFault | None) -> int:
+        """Hosts left beyond the `nodes` the ranks need, once the fault's are lost too (< 0:
+        too few to go on in the job)."""
+        gone = self.lost | set(fault.nodes if fault else ())
+        return sum(host not in gone for host in self.hosts) - nodes
+
+
+def run_ranks(paths: RunPaths, spec: JobSpec, environ, forwarder: StopForwarder,
+              launch: Launch) -> tuple[Decision, Ended]:
+    """Start the ranks once, supervise them, and decide and carry out what follows."""
+    started = time.time()
+    allocation = current_allocation(spec, environ, launch.lost)
+    plan = launch_plan(spec, paths, allocation, environ, launch.deadline)
     argv = launch_argv(plan)
-    _record_environment(paths, environ, plan, package)
+    _record_environment(paths, environ, plan, package=Path(hpc_train.__file__).parent)
     events.try_record(paths, events.started(list(allocation.host_names), allocation.world_size,
-                                            deadline, argv, spec.launch.stall_seconds))
+                                            launch.deadline, argv, spec.launch.stall_seconds,
+                                            launch.index))
     log.info("starting %d ranks: %s", allocation.world_size, " ".join(argv))
-    process = subprocess.Popen(argv, env=launcher_env(plan, environ))
-    forwarder = StopForwarder(process)
+    process = subprocess.Popen(argv, env=launcher_env(plan, environ), stderr=subprocess.PIPE,
+                               text=True, errors="replace")
+    output = LauncherOutput(process.stderr)
+    forwarder.follow(process)
     watch = Watch(paths, allocation.world_size, spec.launch.stall_seconds,
                   stop_grace(spec.slurm.signal_seconds), time.time(), plan.method,
                   spec.launch.straggler_warn)
-    # The handlers stay until the outcome is recorded: our own requeue makes Slurm SIGTERM this
-    # process at once, and the default action would end it before the `requeued` event.
-    try:
-        returncode, stall = supervise(process, forwarder, watch)
-        if forwarder.reason:
-            events.try_record(paths, events.stop_requested(forwarder.reason, "driver signal"))
-        decision = conclude(paths, spec.checkpoint, environ, started, end,
-                            Ended(returncode, round(time.time() - started, 1),
-                                  stall.why if stall else None, forwarder.reason))
-    finally:
-        forwarder.restore()
+    returncode, stall = supervise(process, forwarder, watch)
+    if forwarder.reason:
+        events.try_record(paths, events.stop_requested(forwarder.reason, "driver signal"))
+    fault = None
+    if returncode != 0 or stall:
+        fault = lost_node(returncode, output.tail(), allocation, environ)
+    if fault is not None:
+        events.try_record(paths, events.node_lost(list(fault.nodes), fault.why))
+    ended = Ended(returncode, round(time.time() - started, 1), stall.why if stall else None,
+                  forwarder.reason, fault)
+    decision = conclude(paths, spec, environ, started, launch, ended)
     log.info("ranks exited %d: %s (%s)", returncode, decision.action, decision.reason)
-    return decision
+    return decision, ended
+
+
+def lost_node(returncode: int, lines: list[str], allocation: Allocation, environ) -> NodeFault | None:
+    """Whether a node of the allocation died under the ranks (node_fault.py): from the
+    launcher's last lines and, under Slurm, its view of the nodes."""
+    states = scheduler.node_states(list(allocation.host_names)) if under_slurm(environ) else None
+    return node_fault(returncode, lines, states or {})
 
 
 def _record_environment(paths: RunPaths, environ, plan: LaunchPlan, package: Path) -> None:
@@ -193,35 +255,44 @@ def _record_environment(paths: RunPaths, environ, plan: LaunchPlan, package: Pat
         log.warning("could not record the environment in %s: %s", paths.environment, exc)
 
 
-@dataclass(frozen=True)
-class Ended:
-    """How this run's ranks ended: mpirun's exit status, after how long; why the watchdog tore
-    them down, if it did; the stop signal the driver got and forwarded, if any."""
-    returncode: int
-    seconds: float
-    stall: str | None = None
-    signal: str | None = None
-
-
-def conclude(paths: RunPaths, checkpoint: CheckpointSpec, environ, started: float,
-             end: float | None, ended: Ended) -> Decision:
+def conclude(paths: RunPaths, spec: JobSpec, environ, started: float, launch: Launch,
+             ended: Ended) -> Decision:
     """Decide from how the ranks ended and the run state (retries spent), then carry it out."""
     restart = int(environ.get("SLURM_RESTART_COUNT") or 0)
+    checkpoint = spec.checkpoint
     # The stop's reason (an event) only words the outcome: the action never depends on events.
-    stop_reason = events.stop_reason_since(events.read(paths), started) or ended.signal
-    decision = decide(ended.returncode, stop_reason=stop_reason, restarts=restart,
-                      failed_runs=run_state.read(paths).failed_runs(),
-                      max_requeues=checkpoint.max_requeues,
-                      retries_on_failure=checkpoint.retries_on_failure,
-                      can_requeue=under_slurm(environ), driver_signalled=ended.signal is not None,
-                      stall=ended.stall)
-    return _carry_out(decision, paths, environ, restart, end, ended)
+    state = run_state.read(paths)
+    decision = decide(ended, events.stop_reason_since(events.read(paths), started), Budget(
+        requeues=restart, max_requeues=checkpoint.max_requeues, failed_runs=state.failed_runs(),
+        retries_on_failure=checkpoint.retries_on_failure, restarts_in_job=launch.index,
+        max_restarts_in_job=spec.launch.restarts_in_job,
+        node_failures=state.retries.get(events.CAUSE_NODE, 0),
+        max_node_failures=checkpoint.retries_on_node_failure,
+        spare_hosts=launch.spare_hosts(spec.slurm.nodes, ended.node_fault),
+        can_requeue=under_slurm(environ)))
+    if decision.action == "restart":
+        return _restart(decision, paths, launch.index + 1, spec.launch.restarts_in_job, ended)
+    lost = launch.lost | set(ended.node_fault.nodes if ended.node_fault else ())
+    return _carry_out(decision, paths, environ, restart, launch.end, ended, tuple(sorted(lost)))
+
+
+def _restart(decision: Decision, paths: RunPaths, attempt: int, budget: int,
+             ended: Ended) -> Decision:
+    """Count the restart in the run state and record it; the caller starts the ranks again.
+    A count that cannot be written is logged only: this driver bounds its own restarts."""
+    try:
+        run_state.update(paths, lambda state: state.with_restart_in_job(decision.cause))
+    except OSError as exc:
+        log.warning("could not count the restart in %s: %s", paths.run_state, exc)
+    events.try_record(paths, events.restarted(decision.reason, decision.cause, attempt, budget,
+                                              ended.returncode, ended.seconds))
+    return decision
 
 
 def _count_retry(paths: RunPaths, cause: str | None) -> str | None:
-    """Count a failure's or a stall's retry in the run state before it is taken: None, or why it
-    cannot be (then it is not taken: the job would retry past its budget)."""
-    if cause not in events.FAILURE_CAUSES:
+    """Count a failure's, a stall's or a node failure's retry in the run state before it is
+    taken: None, or why it cannot be (then it is not taken: the job would retry past its budget)."""
+    if cause not in (*events.FAILURE_CAUSES, events.CAUSE_NODE):
         return None
     try:
         run_state.update(paths, lambda state: state.with_retry(cause))
@@ -231,9 +302,10 @@ def _count_retry(paths: RunPaths, cause: str | None) -> str | None:
 
 
 def _carry_out(decision: Decision, paths: RunPaths, environ, restart: int, end: float | None,
-               ended: Ended) -> Decision:
+               ended: Ended, lost: tuple[str, ...] = ()) -> Decision:
     """Requeue when decided and Slurm agrees (a retry counted first); record what really happens.
-    end: the job's planned end, to tell a time limit from a cancel when Slurm ends it."""
+    end: the job's planned end, to tell a time limit from a cancel when Slurm ends it; lost: the
+    nodes that died under this job, which the requeued job is kept off."""
     returncode, seconds = ended.returncode, ended.seconds
     if decision.action == "requeue":
         job_id = scheduler.job_ref(environ)   # a sweep member requeues its own task, never the array
@@ -254,11 +326,26 @@ def _carry_out(decision: Decision, paths: RunPaths, environ, restart: int, end: 
                                                      "Slurm is ending the job", returncode, seconds))
             return Decision("stopped", f"{decision.reason}; Slurm ended the job ({status})")
         if decision.action == "requeue":
+            if lost:
+                detail += "; " + _exclude(job_id, lost)
             events.try_record(paths, events.requeued(decision.reason, decision.cause, path, detail,
                                                      returncode, seconds))
             return decision
     events.try_record(paths, events.finished(decision.action, decision.reason, returncode, seconds))
     return decision
+
+
+def _exclude(job_id: str, nodes: tuple[str, ...], tries: int = 6) -> str:
+    """Keep the requeued job off the dead nodes. Slurm takes ExcNodeList only once the job is
+    pending again, and ends this process soon after the requeue (KillWait): a few quick tries.
+    A job that Slurm keeps COMPLETING on a dead node until SlurmdTimeout is requeued by Slurm
+    after it, with the node marked down."""
+    for _ in range(tries):
+        problem = scheduler.exclude_nodes(job_id, list(nodes))
+        if problem is None:
+            return f"excluded {','.join(nodes)} (ExcNodeList)"
+        time.sleep(0.5)
+    return f"could not exclude {','.join(nodes)}: {problem}"
 
 
 def _exit_status(decision: Decision) -> int:

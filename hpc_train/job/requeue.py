@@ -12,57 +12,114 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hpc_train import events
+from hpc_train.job.node_fault import NodeFault
 from hpc_train.runtime.stop import STOP_EXIT
 from hpc_train.scheduler import Job
 
 
 @dataclass(frozen=True)
 class Decision:
-    action: str               # "completed" | "requeue" | "stopped" | "failed"
+    action: str               # "completed" | "restart" (in the job) | "requeue" | "stopped" | "failed"
     reason: str
-    cause: str | None = None  # for "requeue": events.CAUSE_*
+    cause: str | None = None  # for "restart" and "requeue": events.CAUSE_*
 
 
-def decide(returncode: int, *, stop_reason: str | None, restarts: int, failed_runs: int,
-           max_requeues: int, retries_on_failure: int, can_requeue: bool,
-           driver_signalled: bool = False, stall: str | None = None) -> Decision:
-    """restarts: requeues so far (SLURM_RESTART_COUNT); failed_runs: earlier runs that failed or
-    stalled. stall: why the watchdog tore the ranks down (then their exit status means nothing).
+@dataclass(frozen=True)
+class Ended:
+    """How one start of the ranks ended: the launcher's exit status, after how long; why the
+    watchdog tore them down, if it did; the stop signal the driver got and forwarded, if any."""
+    returncode: int
+    seconds: float = 0.0
+    stall: str | None = None
+    signal: str | None = None
+    node_fault: NodeFault | None = None    # the ranks ended because a node died
 
-    driver_signalled: the job itself got a stop signal. A preemption or `scancel --signal=TERM`
+
+@dataclass(frozen=True)
+class Budget:
+    """What the run has spent and may spend: requeues (SLURM_RESTART_COUNT) against
+    checkpoint.max_requeues; earlier runs that failed or stalled and were requeued (the run
+    state) against checkpoint.retries_on_failure; restarts in this job against
+    launch.restarts_in_job; requeues after a node's death against
+    checkpoint.retries_on_node_failure, a restart without it against the spare hosts left
+    (slurm.spare_nodes). can_requeue: under Slurm (not submitit's local executor)."""
+    requeues: int = 0
+    max_requeues: int = 0
+    failed_runs: int = 0
+    retries_on_failure: int = 0
+    restarts_in_job: int = 0
+    max_restarts_in_job: int = 0
+    node_failures: int = 0
+    max_node_failures: int = 0
+    spare_hosts: int = -1       # hosts of the job left beyond those the ranks need, after a loss
+    can_requeue: bool = True
+
+
+def decide(ended: Ended, stop_reason: str | None, budget: Budget) -> Decision:
+    """What to do once the ranks have exited. A stall's exit status means nothing (the watchdog
+    ended them). A failure or a stall restarts the ranks in the job while launch.restarts_in_job
+    allows, then requeues while checkpoint.retries_on_failure allows.
+
+    ended.signal: the job itself got a stop signal. A preemption or `scancel --signal=TERM`
     signals every process of the job, mpirun included, and Open MPI aborts on SIGTERM, killing
     the ranks before they save: that is an interruption (resume from the last complete
-    checkpoint), not a failure of the training.
+    checkpoint), not a failure of the training; and the job is ending: no restart in it.
     """
-    if stall is not None:
-        return _retry_or_fail(f"stall: {stall}", events.CAUSE_STALL, can_requeue, failed_runs,
-                              retries_on_failure)
-    if returncode == 0:
+    if ended.node_fault is not None and ended.signal is None:
+        return _after_node_fault(ended.node_fault, budget)
+    if ended.stall is not None:
+        return _after_failure(f"stall: {ended.stall}", events.CAUSE_STALL, budget,
+                              in_job=ended.signal is None)
+    if ended.returncode == 0:
         return Decision("completed", "all ranks finished")
-    if returncode == STOP_EXIT or driver_signalled:
-        reason = stop_reason or "stopped"
+    if ended.returncode == STOP_EXIT or ended.signal is not None:
+        reason = stop_reason or ended.signal or "stopped"
         cause = events.CAUSE_STOP
-        if returncode != STOP_EXIT:
-            reason += f" (the ranks were ended by it, exit {returncode})"
+        if ended.returncode != STOP_EXIT:
+            reason += f" (the ranks were ended by it, exit {ended.returncode})"
             cause = events.CAUSE_INTERRUPTED
-        if not can_requeue:
+        if not budget.can_requeue:
             return Decision("stopped", f"{reason}; not running under Slurm, so not requeued")
-        if restarts >= max_requeues:
-            return Decision("stopped", f"{reason}; checkpoint.max_requeues={max_requeues} reached")
+        if budget.requeues >= budget.max_requeues:
+            return Decision("stopped", f"{reason}; checkpoint.max_requeues={budget.max_requeues} reached")
         return Decision("requeue", reason, cause)
-    return _retry_or_fail(f"ranks failed (mpirun exit {returncode})", events.CAUSE_FAILURE,
-                          can_requeue, failed_runs, retries_on_failure)
+    return _after_failure(f"ranks failed (mpirun exit {ended.returncode})", events.CAUSE_FAILURE,
+                          budget, in_job=True)
 
 
-def _retry_or_fail(what: str, cause: str, can_requeue: bool, failed_runs: int,
-                   retries_on_failure: int) -> Decision:
-    if not retries_on_failure:
+def _after_node_fault(fault: NodeFault, budget: Budget) -> Decision:
+    """A dead node: a restart in the job without it where a spare host is left (and the
+    restarts in the job allow), else a requeue without it, spending its own budget and none
+    of checkpoint.retries_on_failure."""
+    what = f"node failure: {fault.why}"
+    if fault.nodes and budget.spare_hosts >= 0 and budget.restarts_in_job < budget.max_restarts_in_job:
+        return Decision("restart", f"{what}; on a spare node without {', '.join(fault.nodes)}, "
+                                   f"restart {budget.restarts_in_job + 1} of "
+                                   f"{budget.max_restarts_in_job} in the job", events.CAUSE_NODE)
+    if not budget.can_requeue:
+        return Decision("failed", f"{what}; not running under Slurm, so not requeued")
+    if budget.node_failures < budget.max_node_failures:
+        return Decision("requeue", f"{what}; node retry {budget.node_failures + 1} of "
+                                   f"{budget.max_node_failures}", events.CAUSE_NODE)
+    return Decision("failed", f"{what}; checkpoint.retries_on_node_failure="
+                              f"{budget.max_node_failures} used up")
+
+
+def _after_failure(what: str, cause: str, budget: Budget, in_job: bool) -> Decision:
+    if in_job and budget.restarts_in_job < budget.max_restarts_in_job:
+        return Decision("restart", f"{what}; restart {budget.restarts_in_job + 1} of "
+                                   f"{budget.max_restarts_in_job} in the job", cause)
+    if in_job and budget.max_restarts_in_job:
+        what += f"; launch.restarts_in_job={budget.max_restarts_in_job} used up"
+    if not budget.retries_on_failure:
         return Decision("failed", what)
-    if not can_requeue:
+    if not budget.can_requeue:
         return Decision("failed", f"{what}; not running under Slurm, so not retried")
-    if failed_runs < retries_on_failure:
-        return Decision("requeue", f"{what}; retry {failed_runs + 1} of {retries_on_failure}", cause)
-    return Decision("failed", f"{what}; checkpoint.retries_on_failure={retries_on_failure} used up")
+    if budget.failed_runs < budget.retries_on_failure:
+        return Decision("requeue", f"{what}; retry {budget.failed_runs + 1} of "
+                                   f"{budget.retries_on_failure}", cause)
+    return Decision("failed", f"{what}; checkpoint.retries_on_failure="
+                              f"{budget.retries_on_failure} used up")
 
 
 def requeue_path(job: Job | None, restart: int) -> str:

@@ -4,11 +4,14 @@ when the watchdog (watchdog.py) finds them stalled or deaf to a stop; warn of a 
 
 from __future__ import annotations
 
+import collections
 import logging
 import os
 import signal
 import socket
 import subprocess
+import sys
+import threading
 import time
 from dataclasses import dataclass, field, replace
 
@@ -26,26 +29,61 @@ TEARDOWN_SECONDS = 30        # mpirun's own SIGTERM -> SIGKILL of its ranks, bef
 
 
 class StopForwarder:
-    """Signal handlers that pass a stop on to the launcher once, and remember why and when."""
+    """Signal handlers that pass a stop on to the launcher once, and remember why and when.
+    They stay for the whole job: a stop between two starts of the ranks reaches the next."""
 
-    def __init__(self, process: subprocess.Popen):
+    def __init__(self, process: subprocess.Popen | None = None):
         self.process = process
         self.reason: str | None = None
         self.at: float | None = None
         self.previous = {sig: signal.signal(sig, self._handle) for sig in STOP_SIGNALS}
 
+    def follow(self, process: subprocess.Popen) -> None:
+        """Forward to this launcher from now on (at once if the stop came already)."""
+        self.process = process
+        if self.reason is not None:
+            self._forward()
+
     def _handle(self, signum, _frame) -> None:
         if self.reason is None:
             self.reason, self.at = signal.Signals(signum).name, time.time()
-            # Always USR2 to the launcher: mpirun and srun pass USR1/USR2 on to the ranks, but
-            # Open MPI treats a SIGTERM as "abort the job" and kills the ranks (and their data
-            # workers) before they can save. The ranks stop at a step boundary either way.
-            if self.process.poll() is None:
-                self.process.send_signal(signal.SIGUSR2)
+            self._forward()
+
+    def _forward(self) -> None:
+        # Always USR2 to the launcher: mpirun and srun pass USR1/USR2 on to the ranks, but
+        # Open MPI treats a SIGTERM as "abort the job" and kills the ranks (and their data
+        # workers) before they can save. The ranks stop at a step boundary either way.
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGUSR2)
 
     def restore(self) -> None:
         for sig, handler in self.previous.items():
             signal.signal(sig, handler)
+
+
+class LauncherOutput:
+    """The launcher's stderr, passed on to ours line by line, its last lines kept: where mpirun
+    and srun report a lost node (node_fault.py)."""
+
+    def __init__(self, stream, keep: int = 200):
+        self.lines: collections.deque[str] = collections.deque(maxlen=keep)
+        self.thread = threading.Thread(target=self._copy, args=(stream,), daemon=True)
+        self.thread.start()
+
+    def _copy(self, stream) -> None:
+        for line in stream:       # drained to the end whatever happens: a full pipe would block mpirun
+            self.lines.append(line.rstrip("\n"))
+            try:
+                sys.stderr.write(line)
+                sys.stderr.flush()
+            except (OSError, ValueError):
+                pass
+
+    def tail(self, wait: float = 2.0) -> list[str]:
+        """The last lines, once the launcher's stderr is closed (or after `wait` seconds: a
+        process it left behind may hold it open)."""
+        self.thread.join(wait)
+        return list(self.lines)
 
 
 @dataclass

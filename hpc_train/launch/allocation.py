@@ -45,6 +45,16 @@ def allocation_from_slurm(env: Mapping[str, str]) -> Allocation:
     return Allocation(tuple(zip(hosts, counts)))
 
 
+def training_hosts(allocation: Allocation, nodes: int, lost=frozenset()) -> Allocation:
+    """The first `nodes` hosts of the allocation that have not died: the ones the ranks run on;
+    the rest (slurm.spare_nodes) wait. Fewer than `nodes` left: ValueError."""
+    alive = tuple((host, slots) for host, slots in allocation.hosts if host not in lost)
+    if len(alive) < nodes:
+        raise ValueError(f"{nodes} nodes needed, {len(alive)} alive in the allocation "
+                         f"({', '.join(allocation.host_names)}; lost: {', '.join(sorted(lost))})")
+    return Allocation(alive[:nodes])
+
+
 def local_allocation(host: str, ranks: int) -> Allocation:
     """One host running every rank: Slurm's local executor, or a laptop."""
     return Allocation(((host, ranks),))

@@ -20,8 +20,9 @@ from hpc_train import _proc
 from hpc_train.errors import SubmitError
 from hpc_train.scheduler.accounting import FIELDS, Segment, parse_segments
 from hpc_train.scheduler.parse import (ACTIVE_STATES, FAILED_STATES, RUNNING_STATES, SACCT_FIELDS,
-                                       SQUEUE_FORMAT, Job, JobState, array_tasks, job_ref,
-                                       parse_sacct, parse_show_job, parse_squeue)
+                                       SQUEUE_FORMAT, Job, JobState, array_tasks, expand_hostlist,
+                                       job_ref, node_lost, parse_sacct, parse_show_job,
+                                       parse_show_nodes, parse_squeue)
 
 ATTEMPTS, PAUSE = 3, 1.0        # tries of a call; seconds before the 2nd, twice that before the 3rd
 ALREADY_PENDING = "Job is pending execution"     # scontrol's ESLURM_JOB_PENDING: requeued already
@@ -83,6 +84,19 @@ def show_job(job_id: str, timeout: float = 20) -> Job | None:
     """`scontrol show job`: state, reason, restarts, nodes; None when it does not answer."""
     out = call(["scontrol", "show", "job", "-o", job_id], timeout)
     return parse_show_job(out.stdout) if out.ok else None
+
+
+def node_states(nodes: list[str], timeout: float = 10) -> dict[str, str] | None:
+    """`scontrol show node`: {node: its State word} of those Slurm knows; None when it does not
+    answer (a crashed node is shown not responding once slurmctld has noticed)."""
+    out = call(["scontrol", "show", "node", "-o", ",".join(nodes)], timeout)
+    return parse_show_nodes(out.stdout) if out.ok or out.stdout else None
+
+
+def exclude_nodes(job_id: str, nodes: list[str], timeout: float = 20) -> str | None:
+    """Keep a pending (requeued) job off `nodes` (`scontrol update ExcNodeList`): the error, or None."""
+    out = call(["scontrol", "update", f"jobid={job_id}", f"ExcNodeList={','.join(nodes)}"], timeout)
+    return None if out.ok else _said(out)
 
 
 def queue(job_ids: list[str], timeout: float = 20) -> list[Job] | None:

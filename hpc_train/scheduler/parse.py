@@ -193,3 +193,24 @@ def parse_sacct(text: str) -> list[Job]:
                 elapsed=parse_count(elapsed), node_count=parse_count(count),
                 nodes="" if nodes == "None assigned" else nodes, source="sacct")
             for job_id, state, reason, elapsed, exit_code, count, nodes in _rows(text, len(SACCT_FIELDS))]
+
+
+# A node's state flags that mean its slurmd is gone or the node out of service (scontrol prints
+# `State=IDLE*` or `State=ALLOCATED+NOT_RESPONDING` for one that stopped answering).
+_NODE_LOST = ("NOT_RESPONDING", "DOWN", "FAIL", "FAILING")
+
+
+def parse_show_nodes(text: str) -> dict[str, str]:
+    """`scontrol show node -o NAMES` -> {node name: its State word}; lines without one (a name
+    Slurm does not know) are left out."""
+    states = {}
+    for line in text.splitlines():
+        fields = dict(_FIELD.findall(line))
+        if "NodeName" in fields and "State" in fields:
+            states[fields["NodeName"]] = fields["State"]
+    return states
+
+
+def node_lost(state: str) -> bool:
+    """Whether a node's State word says it is not responding, down or failed."""
+    return "*" in state or any(flag in _NODE_LOST for flag in state.split("+"))

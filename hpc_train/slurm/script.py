@@ -28,8 +28,10 @@ class ScriptParts:
 def run_options(spec: JobSpec, output: str) -> Options:
     """A run's sbatch options: its resources, nodes x ranks, the stop signal and requeue."""
     s = spec.slurm
-    return sbatch_options(s, JobShape(spec.run.name, output, s.nodes, s.tasks_per_node,
-                                      s.signal_seconds))
+    options = sbatch_options(s, JobShape(spec.run.name, output, s.nodes + s.spare_nodes,
+                                         s.tasks_per_node, s.signal_seconds))
+    # The spares only help if a node's death does not end the allocation.
+    return {**options, "no-kill": True} if s.spare_nodes else options
 
 
 def code_assignments(code: Path) -> str:

@@ -100,6 +100,10 @@ class SlurmSpec(Resources):
     """A job spec's `slurm:`: the resources, the job's shape and its stop signal."""
     nodes: int = spec_field(1, doc="number of nodes", ge=1)
     tasks_per_node: int = spec_field(1, doc="ranks per node (one per GPU on GPU jobs)", ge=1)
+    spare_nodes: int = spec_field(
+        0, doc="hot spares: nodes asked for beyond slurm.nodes and kept idle; when a node of the "
+        "job dies the ranks start again inside the job on a spare (sbatch --no-kill keeps the "
+        "allocation)", ge=0)
     # Slurm delivers the signal with up to a minute of slack; 65535 is Slurm's own maximum.
     signal_seconds: int = spec_field(120, doc="seconds before the limit that USR2 is sent",
                                      ge=1, le=65535)
@@ -124,9 +128,9 @@ class LaunchSpec:
                                      each=values.check_env_value)
     stall_seconds: Union[float, Literal["auto"]] = spec_field(
         DEFAULT_STALL_SECONDS, doc="the driver tears the ranks down when no rank progresses for this long, "
-        "and requeues the job from its last checkpoint while checkpoint.retries_on_failure "
-        "allows (else the job fails): longer than start-up, one step, one evaluation batch "
-        "and one checkpoint save; auto: 5x the longest step or save seen so far, at least 60 s "
+        "and starts them again from the last checkpoint (launch.restarts_in_job, then "
+        "checkpoint.retries_on_failure; else the job fails): longer than start-up, one step, "
+        "one evaluation batch and one checkpoint save; auto: 5x the longest step or save seen so far, at least 60 s "
         "(10 minutes before the first step, and in a first save)", ge=5)
     straggler_warn: Optional[float] = spec_field(
         1.5, doc="the driver records a `straggler` warning when the slowest rank's own time per "
@@ -138,6 +142,10 @@ class LaunchSpec:
         """stall_seconds as one number for waits that cannot follow `auto` (the checkpoint
         writer's): `auto`'s bound before the first step, its loosest."""
         return AUTO_START_SECONDS if self.stall_seconds == AUTO else self.stall_seconds
+    restarts_in_job: int = spec_field(
+        2, doc="after a rank's failure or a stall, start the ranks again from the last "
+        "checkpoint inside the same allocation, up to this many times per job, before "
+        "requeueing (checkpoint.retries_on_failure); 0 = always requeue", ge=0)
 
 
 @dataclass(frozen=True)
@@ -290,8 +298,13 @@ class CheckpointSpec:
     max_requeues: int = spec_field(10, doc="requeues after a time-limit stop before giving up",
                                    ge=0)
     retries_on_failure: int = spec_field(0, doc="requeues from the last checkpoint after a "
-                                         "crash (non-zero exit) or a hang (launch.stall_seconds)",
+                                         "crash (non-zero exit) or a hang (launch.stall_seconds), "
+                                         "once launch.restarts_in_job are spent",
                                          ge=0)
+    retries_on_node_failure: int = spec_field(
+        3, doc="requeues without the node after a node of the job died (its launcher daemon "
+        "lost, Slurm showing it not responding); they spend no checkpoint.retries_on_failure",
+        ge=0)
 
 
 @dataclass(frozen=True)

@@ -146,7 +146,8 @@ def test_sigkill_during_a_background_write_leaves_the_previous_checkpoint(tmp_pa
     import torch
 
     paths = local_run(tmp_path, "checkpoint.every_steps=10", "log.every_steps=1",
-                      "optim.max_steps=30", "launch.env.HPC_TRAIN_FAULT=slow_write:0:20:120")
+                      "optim.max_steps=30", "launch.env.HPC_TRAIN_FAULT=slow_write:0:20:120",
+                      "launch.restarts_in_job=0")
     assert paths.spec.read_text().count("write: async") == 1
     tmp = paths.checkpoints / layout.tmp_dir_name(20)
     seen = {}

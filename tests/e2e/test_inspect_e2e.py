@@ -33,7 +33,8 @@ from tests.runs import cli, describe_failure, drive, events, local_run, schema_p
 pytestmark = [pytest.mark.mpi, pytest.mark.horovod, pytest.mark.slow]
 
 SMALL = ["data.kind=synthetic", "data.train_samples=512", "data.val_samples=0", "data.image_size=16",
-         "data.workers=1", "log.every_steps=1", "optim.max_steps=8"]
+         "data.workers=1", "log.every_steps=1", "optim.max_steps=8",
+         "launch.restarts_in_job=0"]                     # each failing run fails once, as it was
 # fault kind -> backend: a hard exit, a SIGKILL (what the OOM killer sends), a segfault
 SILENT = {"exit": "horovod", "kill": "ddp", "segv": "horovod"}
 ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"}

@@ -28,10 +28,9 @@ from dataclasses import dataclass
 
 import pytest
 
-from hpc_train.checkpoint import layout
-from hpc_train.rundir import RunPaths, read_jsonl
-from tests.runs import (assert_identical, cli, describe_failure, events, logged_step, submit,
-                        wait_for)
+from hpc_train.rundir import RunPaths
+from tests.runs import (assert_same_training, cli, describe_failure, events, logged_step,
+                        metrics_after, submit, wait_for)
 
 pytestmark = [pytest.mark.slurm, pytest.mark.mpi, pytest.mark.horovod, pytest.mark.slow]
 
@@ -40,8 +39,8 @@ TOTAL_STEPS = 92            # jobs/smoke.yaml: 2 epochs of 46 steps
 # Logging every step changes no number of the training; it lets the test act at a step and
 # compare the loss of every step.
 WATCH = ["log.every_steps=1"]
-FREEZE = ["launch.stall_seconds=40", "checkpoint.every_steps=10",
-          "checkpoint.retries_on_failure=1", *WATCH]
+FREEZE = ["launch.stall_seconds=40", "checkpoint.every_steps=10", "launch.restarts_in_job=0",
+          "checkpoint.retries_on_failure=1", *WATCH]     # the requeue path (restarts: test_restart_e2e)
 FAKE_SCONTROL = """#!/bin/sh
 if [ "$1" = requeue ]; then echo "scontrol: error: requeue refused by the test's stand-in" >&2; exit 1; fi
 exec {real} "$@"
@@ -112,7 +111,7 @@ def _stop_three_ways(job_id: str, paths: RunPaths) -> list[dict]:
         since = resumed[0]["time"]
         stops[-1]["resumed_from"] = resumed[0]["from_checkpoint"]
         stops[-1]["training_again"] = wait_for(
-            lambda: next((m["time"] for m in _metrics_after(paths, since)), None), 600, "a step")
+            lambda: next((m["time"] for m in metrics_after(paths, since)), None), 600, "a step")
     return stops
 
 
@@ -152,18 +151,6 @@ def _cancel_at_step_6(job_id: str, paths: RunPaths) -> float:
     return time.time()
 
 
-def _metrics_after(paths: RunPaths, since: float) -> list[dict]:
-    return [m for m in read_jsonl(paths.metrics) if m.get("split") is None and m["time"] > since]
-
-
-def _final_checkpoint(paths: RunPaths, rank: int):
-    import torch
-
-    directory = paths.checkpoints / layout.step_dir_name(TOTAL_STEPS)
-    return (torch.load(directory / layout.REPLICATED, weights_only=True),
-            torch.load(directory / layout.rank_file_name(rank), weights_only=True))
-
-
 def _ended(slurm_cluster, job: Job, timeout: float = 900) -> str:
     return slurm_cluster.wait_state(job.job_id, ENDED, timeout=timeout)
 
@@ -201,23 +188,7 @@ def test_smoke_job_stopped_three_ways_ends_bit_identical(backend, jobs, slurm_cl
     assert stops[0]["resumed_from"] == events(paths, "stop_saved")[0]["step"]
 
     # Same steps, and every rank's parameters bit-identical to the uninterrupted run.
-    for run in (paths, straight.paths):
-        finished = events(run, "rank_finished")
-        assert sorted(e["rank"] for e in finished[-2:]) == [0, 1]
-        assert {e["step"] for e in finished} == {TOTAL_STEPS}
-    assert ({e["params_sha256"] for e in events(paths, "rank_finished")}
-            == {e["params_sha256"] for e in events(straight.paths, "rank_finished")})
-    for rank in (0, 1):
-        expected, got = _final_checkpoint(straight.paths, rank), _final_checkpoint(paths, rank)
-        assert_identical(expected[0]["model"], got[0]["model"], "model")
-        assert_identical(expected[0]["optimizer"], got[0]["optimizer"], "optimizer")
-        assert_identical(expected[1]["buffers"], got[1]["buffers"], f"rank {rank} buffers")
-    # The loss of every step trained after a resume is the uninterrupted run's at that step.
-    expected = {m["step"]: m["loss"] for m in _metrics_after(straight.paths, 0)}
-    logged = _metrics_after(paths, 0)
-    assert {m["step"] for m in logged} == set(expected)
-    for m in logged:
-        assert m["loss"] == pytest.approx(expected[m["step"]], rel=1e-6, abs=1e-7), m["step"]
+    assert_same_training(paths, straight.paths, TOTAL_STEPS)
 
 
 def test_frozen_rank_is_named_then_requeued_from_its_checkpoint(jobs, slurm_cluster):

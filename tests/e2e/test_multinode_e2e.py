@@ -28,7 +28,7 @@ pytestmark = [pytest.mark.multinode, pytest.mark.slurm, pytest.mark.mpi, pytest.
 
 ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"}
 ACROSS = ["slurm.nodes=2", "slurm.tasks_per_node=1"]
-NO_RETRY = ["checkpoint.retries_on_failure=0", "launch.stall_seconds=15"]
+NO_RETRY = ["checkpoint.retries_on_failure=0", "launch.restarts_in_job=0", "launch.stall_seconds=15"]
 SMOKE = "jobs/smoke.yaml"
 PIPELINE = "jobs/transformer_pipeline_cpu.yaml"
 

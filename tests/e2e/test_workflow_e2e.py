@@ -242,7 +242,8 @@ def test_sweep_is_one_array_survives_a_member_requeue_and_evaluates_the_best(slu
 def test_a_failed_stage_cancels_its_dependents_and_resume_reruns_from_it(slurm_cluster, tmp_path):
     paths = start(slurm_cluster, "run", "workflows/smoke.yaml", "--root", str(tmp_path),
                   "--set", f"train.run.root={tmp_path}", "--set", "train.optim.epochs=1",
-                  "--set", "train.launch.env.HPC_TRAIN_FAULT=raise:1:3")
+                  "--set", "train.launch.env.HPC_TRAIN_FAULT=raise:1:3",
+                  "--set", "train.launch.restarts_in_job=0")
     status = settle(paths, 900)
     assert states(status) == {"shard_train": "COMPLETED", "shard_val": "COMPLETED", "train": "FAILED",
                               "evaluate": "CANCELLED", "export": "CANCELLED"}, status

@@ -236,6 +236,40 @@ def test_summarize_names_the_waiting_ranks_and_a_quiet_run(tmp_path):
     assert "no progress for 1.7 min" in quiet.message
 
 
+def test_status_counts_the_restarts_in_the_job_from_the_run_state(tmp_path):
+    from hpc_train import run_state
+    from hpc_train.inspection.text import status_rows
+
+    paths = RunPaths.new(tmp_path, "restarted")
+    for cause in (events.CAUSE_FAILURE, events.CAUSE_STALL, events.CAUSE_FAILURE):
+        run_state.update(paths, lambda s: s.with_restart_in_job(cause))
+    status = summarize(RunFiles.read(paths), NOW)
+    assert status.restarts_in_job == {"failure": 2, "stall": 1}
+    assert ("restarts", "3  (failure 2, stall 1) in the job") in status_rows(status)
+    assert ("restarts", "0 in the job") in status_rows(summarize(RunFiles.read(RunPaths.new(tmp_path, "x")), NOW))
+
+
+FAKE_SLURM = {
+    "squeue": "#!/bin/sh\necho '7|COMPLETING|None|1:00|2026-12-01T10:00:00|2|hpcn[1-2]'\n",
+    "scontrol": "#!/bin/sh\necho 'NodeName=hpcn1 NodeAddr=10.0.0.1 State=ALLOCATED Weight=1'\n"
+                "echo 'NodeName=hpcn2 NodeAddr=10.0.0.2 State=ALLOCATED+NOT_RESPONDING Weight=1'\n",
+}
+
+
+def test_status_names_a_node_of_the_job_that_is_not_responding(tmp_path, monkeypatch):
+    from hpc_train.inspection.cli import build_status
+    from hpc_train.inspection.text import status_rows
+    from tests.runs import path_without
+
+    paths = RunPaths.new(tmp_path / "runs", "dead-node")
+    (paths.events).write_text(json.dumps(events.stamped(events.submitted("7", "slurm", "h"), environ={},
+                                                         now=LAUNCHED)) + "\n")
+    monkeypatch.setenv("PATH", path_without(tmp_path / "bin", replacements=FAKE_SLURM))
+    status = build_status(paths.root)
+    assert status.state == "COMPLETING" and status.lost_nodes == {"hpcn2": "ALLOCATED+NOT_RESPONDING"}
+    assert ("nodes", "hpcn2 not responding or down (Slurm: ALLOCATED+NOT_RESPONDING)") in status_rows(status)
+
+
 def test_rate_eta_throughput_and_total_steps():
     train = [{"time": 10.0 + i, "step": 4 * i, "samples_per_s": 100.0 + i} for i in range(20)]
     assert step_rate(train, since=0) == pytest.approx(4.0)

@@ -280,8 +280,8 @@ def test_a_recorded_stall_names_the_rank_its_state_and_its_last_stacks(tmp_path)
     assert rank["stacks"].startswith(f"{STACK_DUMP_HEADER} for 31 s on rank 1 at step 3")
     first = result.signatures[0]
     assert first["id"] == "rank_stalled" and first["title"] == "a rank stopped progressing"
-    assert first["fix"].startswith("the driver tore the ranks down and requeued (counts toward "
-                                   "checkpoint.retries_on_failure)")
+    assert first["fix"].startswith("the driver tore the ranks down and started them again from the "
+                                   "last checkpoint: in the job (launch.restarts_in_job), else by")
     assert "rank 1 on vm pid 4242 step 3 (train, state T (stopped))" in first["line"]
     assert [s["id"] for s in result.signatures].count("rank_stalled") == 1
     text = diagnosis_text(result)

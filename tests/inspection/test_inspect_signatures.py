@@ -24,6 +24,16 @@ def test_recorded_samples_match_exactly_their_signature(sample, expected):
     assert ids((SAMPLES / sample).read_text().splitlines()) == [expected]
 
 
+@pytest.mark.parametrize("lines", [
+    ["ORTE has lost communication with a remote daemon.", "  Remote daemon: [[4,0],1] on node hpcn2"],
+    ["srun: error: Node failure on hpcn2", "srun: error: hpcn2: tasks 1: Killed"],
+    ["node_lost: hpcn2 (Slurm shows hpcn2 ALLOCATED+NOT_RESPONDING)"],
+])
+def test_a_dead_node_is_a_node_failure_not_a_launch_problem(lines):
+    assert ids(lines) == ["node_failure"]
+    assert ids(["An ORTE daemon has unexpectedly failed after launch"]) == ["mpi_launch"]
+
+
 def test_every_signature_has_a_fix_and_a_unique_id():
     assert len({s.id for s in SIGNATURES}) == len(SIGNATURES)
     assert all(s.fix and s.patterns and s.title for s in SIGNATURES)
@@ -84,5 +94,5 @@ def test_the_drivers_watchdog_line_is_a_stall():
             "the process is not running, state T (stopped))")
     [found] = match_signatures([("local_0_log.err", line)])
     assert found.signature.id == "rank_stalled" and found.signature.title == "a rank stopped progressing"
-    assert found.signature.fix.startswith("the driver tore the ranks down and requeued (counts toward "
-                                          "checkpoint.retries_on_failure)")
+    assert found.signature.fix.startswith("the driver tore the ranks down and started them again from "
+                                          "the last checkpoint")

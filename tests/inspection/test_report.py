@@ -16,7 +16,7 @@ import pytest
 from hpc_train.inspection import efficiency
 from hpc_train.inspection.report import build_report
 from hpc_train.inspection.report_text import print_report
-from hpc_train.rundir import RunPaths, read_jsonl
+from hpc_train.rundir import RunPaths, append_jsonl, read_jsonl
 from hpc_train.scheduler import accounting
 from tests.conftest import REPO
 from tests.runs import cli, path_without
@@ -92,7 +92,7 @@ def test_restart_of_the_recorded_run_lost_its_seven_steps():
     assert (restart.last_step, restart.resumed_step, restart.redone_steps) == (7, 0, 7)
     step_times = sorted(m["step_time"] for m in METRICS if m.get("split") is None)
     assert restart.redone_seconds == pytest.approx(7 * step_times[len(step_times) // 2])
-    assert not restart.resubmitted
+    assert restart.kind == efficiency.REQUEUE
     assert restart.lost == pytest.approx(restart.wait + restart.startup + restart.redone_seconds)
 
 
@@ -133,8 +133,43 @@ def test_resume_from_a_checkpoint_and_a_start_that_never_trained():
     assert (never.resumed_step, never.redone_steps, never.startup) == (None, None, None)
     assert (again.last_step, again.resumed_step, again.redone_steps, again.redone_seconds) == (48, 40, 8, 4.0)
     assert again.wait == 70 and again.startup == 20 and again.lost == 70 + 20 + 4.0
-    assert resumed.resubmitted and resumed.wait == 4600 and resumed.lost == 10 + 2.0    # 64 -> 60
+    assert resumed.kind == efficiency.RESUME and resumed.wait == 4600 and resumed.lost == 10 + 2.0    # 64 -> 60
     assert efficiency.usage_from_windows(windows, now=0).gpu_hours == pytest.approx((60 + 30 + 100 + 100) / 3600)
+
+
+def test_restarts_inside_a_job_are_one_segment_and_lose_no_queue_wait():
+    events = [
+        _event(100, "started", job_id="1", launch=0), _event(110, "training_started", global_batch=8),
+        _event(150, "checkpoint_saved", step=40, seconds=2.0),
+        _event(170, "restarted", cause="failure", attempt=1, budget=2),
+        _event(171, "started", job_id="1", launch=1), _event(178, "resumed", step=40),
+        _event(200, "restarted", cause="stall", attempt=2, budget=2),
+        _event(201, "started", job_id="1", launch=2), _event(206, "resumed", step=40),
+        _event(300, "requeued", cause="failure"),
+        _event(330, "started", job_id="1", launch=0), _event(340, "resumed", step=40),
+        _event(400, "finished", status="completed"),
+    ]
+    metrics = [{"time": 165, "step": 48, "step_time": 0.5}, {"time": 390, "step": 64, "step_time": 0.5}]
+    windows = efficiency.windows_from_events(events, cpus=4, gpus=0)
+    assert [(w.start, w.end, w.state) for w in windows] == [(100, 300, "REQUEUED"), (330, 400, "COMPLETED")]
+    first, second, requeue = efficiency.restarts(windows, events, metrics)
+    assert (first.kind, first.cause, first.after, first.wait, first.startup) == ("in job", "failure", 0, 1, 7)
+    assert (first.last_step, first.resumed_step, first.redone_seconds, first.lost) == (48, 40, 4.0, 12.0)
+    assert (second.kind, second.cause, second.startup) == ("in job", "stall", 5)
+    assert (requeue.kind, requeue.wait, requeue.startup) == ("requeue", 30, 10)
+
+
+def test_report_counts_the_restarts_in_the_job_by_cause(tmp_path, capsys):
+    paths = RunPaths.new(tmp_path, "restarted")
+    for event in [_event(100, "started", launch=0), _event(110, "training_started", global_batch=8),
+                  _event(170, "restarted", cause="failure"), _event(171, "started", launch=1),
+                  _event(178, "resumed", step=40), _event(400, "finished", status="completed")]:
+        append_jsonl(paths.events, event)
+    report = build_report(paths, slurm=False, now=500, plot=False)
+    assert report.requeues == 0 and report.to_json()["restarts_in_job"] == {"failure": 1}
+    print_report(report)
+    out = capsys.readouterr().out
+    assert "restarts in job:        1  (failure 1)" in out and "in 0\tin job (failure)\t1s\t7s" in out
 
 
 def test_gpu_summary_of_samples():

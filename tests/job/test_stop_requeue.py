@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from hpc_train import events
-from hpc_train.job.requeue import decide, ending_status, requeue_path
+from hpc_train.job.node_fault import NodeFault
+from hpc_train.job.requeue import Budget, Ended, decide, ending_status, requeue_path
 from hpc_train.run_state import RunState
 from hpc_train.runtime.stop import STOP_EXIT, StopFlag, agreed_reason, one_hot
 from hpc_train.scheduler import Job, JobState
@@ -40,50 +41,104 @@ def test_signal_sets_the_flag():
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
-BASE = dict(stop_reason="SIGUSR2", restarts=0, failed_runs=0, max_requeues=3,
-            retries_on_failure=0, can_requeue=True)
+BASE = dict(requeues=0, failed_runs=0, max_requeues=3, retries_on_failure=0, can_requeue=True)
+
+
+DEAD = NodeFault(("hpcn2",), "mpirun lost its daemon on hpcn2")
+
+
+def _decide(returncode: int, stall: str | None = None, signal: str | None = None,
+            stop_reason: str | None = "SIGUSR2", node: NodeFault | None = None, **budget):
+    """decide() from one flat row of a table: how the ranks ended, and the budget."""
+    return decide(Ended(returncode, 1.0, stall, signal, node), stop_reason,
+                  Budget(**{**BASE, **budget}))
 
 
 @pytest.mark.parametrize("returncode, changes, action", [
     (0, {}, "completed"),
     (STOP_EXIT, {}, "requeue"),
-    (STOP_EXIT, {"restarts": 3}, "stopped"),                 # the cap on requeues
+    (STOP_EXIT, {"requeues": 3}, "stopped"),                 # the cap on requeues
     (STOP_EXIT, {"can_requeue": False}, "stopped"),          # local executor
     (1, {}, "failed"),                                        # a crash is not requeued...
     (1, {"retries_on_failure": 1}, "requeue"),                # ...unless asked for
     (1, {"retries_on_failure": 1, "failed_runs": 1}, "failed"),
-    (1, {"driver_signalled": True}, "requeue"),               # mpirun aborted by a preemption's TERM
-    (143, {"driver_signalled": True, "can_requeue": False}, "stopped"),
+    (1, {"signal": "SIGTERM"}, "requeue"),                    # mpirun aborted by a preemption's TERM
+    (143, {"signal": "SIGTERM", "can_requeue": False}, "stopped"),
     (0, {"stall": "no rank progressed"}, "failed"),            # torn down: exit status is moot
     (STOP_EXIT, {"stall": "stop ignored", "retries_on_failure": 1}, "requeue"),
     (1, {"stall": "x", "retries_on_failure": 2, "failed_runs": 2}, "failed"),
+    # Restarts in the job come first, for a failure and a stall, also without Slurm...
+    (1, {"max_restarts_in_job": 2}, "restart"),
+    (137, {"max_restarts_in_job": 2, "restarts_in_job": 1, "can_requeue": False}, "restart"),
+    (0, {"stall": "x", "max_restarts_in_job": 1}, "restart"),
+    # ...then the requeue, which spends checkpoint.retries_on_failure as before...
+    (1, {"max_restarts_in_job": 2, "restarts_in_job": 2, "retries_on_failure": 1}, "requeue"),
+    (1, {"max_restarts_in_job": 2, "restarts_in_job": 2}, "failed"),
+    # ...and never for a stop: the job is ending, or was asked to
+    (STOP_EXIT, {"max_restarts_in_job": 2}, "requeue"),
+    (1, {"signal": "SIGTERM", "max_restarts_in_job": 2}, "requeue"),
+    (STOP_EXIT, {"stall": "stop ignored", "signal": "SIGUSR2", "max_restarts_in_job": 2}, "failed"),
+    # A dead node: never restarted in the job (it needs the node), requeued on its own budget
+    (205, {"node": DEAD, "max_restarts_in_job": 2, "max_node_failures": 1}, "requeue"),
+    (205, {"node": DEAD, "max_node_failures": 1, "failed_runs": 5, "retries_on_failure": 1}, "requeue"),
+    (0, {"node": DEAD, "stall": "x", "max_node_failures": 2, "node_failures": 1}, "requeue"),
+    (205, {"node": DEAD, "max_node_failures": 1, "node_failures": 1, "retries_on_failure": 3}, "failed"),
+    (205, {"node": DEAD, "max_node_failures": 1, "can_requeue": False}, "failed"),
+    (205, {"node": DEAD, "signal": "SIGTERM", "max_node_failures": 1}, "requeue"),   # a stop first
+    # ...unless a hot spare is left: then it goes on in the job without the node
+    (205, {"node": DEAD, "spare_hosts": 0, "max_restarts_in_job": 2}, "restart"),
+    (205, {"node": DEAD, "spare_hosts": 0, "max_restarts_in_job": 2, "restarts_in_job": 2,
+           "max_node_failures": 1}, "requeue"),
+    (205, {"node": NodeFault((), "mpirun lost a remote daemon (exit 205)"), "spare_hosts": 1,
+           "max_restarts_in_job": 2, "max_node_failures": 1}, "requeue"),   # which node? unknown
 ])
 def test_decide(returncode, changes, action):
-    assert decide(returncode, **{**BASE, **changes}).action == action
+    assert _decide(returncode, **changes).action == action
 
 
 @pytest.mark.parametrize("returncode, changes, cause", [
     (STOP_EXIT, {}, events.CAUSE_STOP),
-    (1, {"driver_signalled": True}, events.CAUSE_INTERRUPTED),
+    (1, {"signal": "SIGTERM"}, events.CAUSE_INTERRUPTED),
     (1, {"retries_on_failure": 1}, events.CAUSE_FAILURE),
     (0, {"stall": "x", "retries_on_failure": 1}, events.CAUSE_STALL),
+    (1, {"max_restarts_in_job": 1}, events.CAUSE_FAILURE),
+    (0, {"stall": "x", "max_restarts_in_job": 1}, events.CAUSE_STALL),
+    (205, {"node": DEAD, "max_node_failures": 1}, events.CAUSE_NODE),
+    (205, {"node": DEAD, "signal": "SIGTERM", "max_node_failures": 1}, events.CAUSE_INTERRUPTED),
 ])
-def test_requeues_say_why_and_failures_are_counted_by_cause(returncode, changes, cause):
-    decision = decide(returncode, **{**BASE, **changes})
+def test_requeues_and_restarts_say_why_and_failures_are_counted_by_cause(returncode, changes, cause):
+    decision = _decide(returncode, **changes)
     assert decision.cause == cause
     assert RunState().with_retry(decision.cause).failed_runs() == (cause in events.FAILURE_CAUSES)
 
 
 def test_a_spent_retry_budget_names_the_setting():
-    decision = decide(1, **{**BASE, "retries_on_failure": 1, "failed_runs": 1})
+    decision = _decide(1, retries_on_failure=1, failed_runs=1)
     assert "retries_on_failure=1" in decision.reason
+    decision = _decide(1, max_restarts_in_job=2, restarts_in_job=2, retries_on_failure=1)
+    assert decision.reason == ("ranks failed (mpirun exit 1); launch.restarts_in_job=2 used up; "
+                               "retry 1 of 1")
+    assert _decide(1, max_restarts_in_job=2, restarts_in_job=1).reason.endswith("restart 2 of 2 in the job")
+
+
+def test_a_node_failure_names_its_budget_and_leaves_the_codes_alone():
+    decision = _decide(205, node=DEAD, max_node_failures=3, node_failures=1)
+    assert decision.reason == "node failure: mpirun lost its daemon on hpcn2; node retry 2 of 3"
+    assert RunState().with_retry(decision.cause).failed_runs() == 0
+    assert "retries_on_node_failure=3 used up" in _decide(205, node=DEAD, max_node_failures=3,
+                                                          node_failures=3).reason
 
 
 def test_a_retry_that_cannot_happen_is_not_called_used_up():
     # The local executor cannot requeue: the reason says so instead of a spent budget.
-    decision = decide(1, **{**BASE, "retries_on_failure": 1, "can_requeue": False})
+    decision = _decide(1, retries_on_failure=1, can_requeue=False)
     assert decision.action == "failed" and "not running under Slurm" in decision.reason
     assert "used up" not in decision.reason
+
+
+def test_a_stop_is_worded_by_the_ranks_reason_else_the_drivers_signal():
+    assert _decide(STOP_EXIT, stop_reason="deadline").reason == "deadline"
+    assert _decide(143, signal="SIGTERM", stop_reason=None).reason.startswith("SIGTERM (the ranks")
 
 
 @pytest.mark.parametrize("job, restart, path", [

@@ -3,7 +3,8 @@
 
 import pytest
 
-from hpc_train.launch.allocation import Allocation, allocation_from_slurm, expand_tasks_per_node
+from hpc_train.launch.allocation import (Allocation, allocation_from_slurm, expand_tasks_per_node,
+                                         training_hosts)
 from hpc_train.launch.argv import LaunchPlan, launch_argv, launcher_env, mpirun_argv, srun_argv
 from hpc_train.scheduler.parse import expand_hostlist
 from tests.runs import check_golden
@@ -23,6 +24,14 @@ def test_expand_tasks_per_node():
     assert expand_tasks_per_node("1") == [1]
     with pytest.raises(ValueError, match="unrecognised"):
         expand_tasks_per_node("4x2")
+
+
+def test_the_ranks_run_on_the_first_hosts_alive_and_the_rest_wait():
+    job = Allocation((("n1", 2), ("n2", 2), ("n3", 2)))
+    assert training_hosts(job, 2) == Allocation((("n1", 2), ("n2", 2)))
+    assert training_hosts(job, 2, {"n2"}) == Allocation((("n1", 2), ("n3", 2)))     # a spare
+    with pytest.raises(ValueError, match="2 nodes needed, 1 alive .*lost: n1, n3"):
+        training_hosts(job, 2, {"n1", "n3"})
 
 
 def test_allocation_from_slurm_and_mismatch():

@@ -167,6 +167,12 @@ def test_options_one_driver_pattern_and_extras():
     assert options["gpus-per-node"] == "2" and options["time"] == "10"
 
 
+def test_hot_spares_are_asked_for_with_no_kill():
+    assert "no-kill" not in run_options(smoke(), "o") and run_options(smoke(), "o")["nodes"] == "1"
+    options = run_options(smoke("slurm.nodes=2", "slurm.spare_nodes=1"), "o")
+    assert (options["nodes"], options["no-kill"]) == ("3", True)
+
+
 def test_site_template_placeholders_and_bash_braces():
     template = ("#!/bin/bash\n{sbatch_directives}\n{setup}\nf() { :; }\necho ${HOME} ${job_name} {a,b} "
                 "{job_name}\nawk '{ print }' /dev/null\n{driver_command}\n")

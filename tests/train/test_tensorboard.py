@@ -52,7 +52,8 @@ def _raw_steps(directory, tag: str) -> list[int]:
 def test_a_restarted_run_continues_its_curves_without_duplicates(tmp_path):
     # Rank 0 fails after step 15 of a run that checkpoints every 10 steps: the next run resumes
     # from step 10 and logs steps 11-15 again.
-    paths = local_run(tmp_path, "optim.epochs=1", "log.every_steps=1", "checkpoint.every_steps=10")
+    paths = local_run(tmp_path, "optim.epochs=1", "log.every_steps=1", "checkpoint.every_steps=10",
+                      "launch.restarts_in_job=0")
     assert drive(paths, env={**os.environ, "HPC_TRAIN_FAULT": "raise:0:15"}, timeout=240) == 1
     assert drive(paths, timeout=240) == 0
     assert events(paths, "resumed")[0]["from_checkpoint"] == 10

@@ -1,0 +1,64 @@
+"""Restarts inside the job, with the real driver, mpirun and Horovod (no Slurm): a rank SIGKILLed
+mid-run is started again with the others from the last checkpoint by the same driver, which
+records it and finishes; a rank that fails on every start spends launch.restarts_in_job, then
+the run fails (no Slurm to requeue it)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from hpc_train import run_state
+from tests.conftest import REPO
+from tests.runs import (describe_failure, drive, events, heartbeat_step, local_run, metrics_after,
+                        wait_for)
+
+pytestmark = [pytest.mark.mpi, pytest.mark.horovod, pytest.mark.slow]
+
+SMALL = ["data.kind=synthetic", "data.train_samples=512", "data.val_samples=0", "data.image_size=16",
+         "data.workers=1", "log.every_steps=1", "checkpoint.every_steps=4", "optim.epochs=2",
+         "launch.env.OMP_NUM_THREADS='1'"]
+
+
+def _driver(paths) -> subprocess.Popen:
+    environ = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SUBMITIT_"))}
+    paths.submitit.mkdir(parents=True, exist_ok=True)
+    with open(paths.submitit / "local_0_log.err", "ab") as output:
+        return subprocess.Popen([sys.executable, "-m", "hpc_train.job.driver", str(paths.root)],
+                                cwd=REPO, env=environ, stdout=output, stderr=subprocess.STDOUT)
+
+
+def test_a_killed_rank_is_restarted_in_the_job_from_the_last_checkpoint(tmp_path):
+    paths = local_run(tmp_path, *SMALL)
+    driver = _driver(paths)
+    wait_for(lambda: driver.poll() is not None or heartbeat_step(paths, 1) >= 10, 300, "step 10")
+    killed = time.time()
+    os.kill(json.loads(paths.rank_heartbeat(1).read_text())["pid"], signal.SIGKILL)
+    assert driver.wait(timeout=300) == 0, describe_failure(paths)
+    [restarted] = events(paths, "restarted")
+    again = min(m["time"] for m in metrics_after(paths, restarted["time"]))
+    print(f"[turnaround] in the job, no Slurm: SIGKILL to the launcher's exit "
+          f"{restarted['time'] - killed:.1f} s, to training again {again - killed:.1f} s")
+    assert (restarted["cause"], restarted["attempt"], restarted["budget"]) == ("failure", 1, 2)
+    assert [e["launch"] for e in events(paths, "started")] == [0, 1]
+    [resumed] = events(paths, "resumed")
+    assert resumed["from_checkpoint"] >= 8 and resumed["time"] > restarted["time"]
+    assert events(paths, "finished")[-1]["status"] == "completed" and not events(paths, "requeued")
+    assert run_state.read(paths).restarts_in_job == {"failure": 1}
+    assert len({e["params_sha256"] for e in events(paths, "rank_finished")}) == 1
+
+
+def test_a_rank_failing_on_every_start_spends_the_restarts_then_fails(tmp_path):
+    paths = local_run(tmp_path, *SMALL, "launch.restarts_in_job=1",
+                      "launch.env.HPC_TRAIN_FAULT=raise:1:2")
+    assert drive(paths, timeout=300) == 1
+    assert [e["launch"] for e in events(paths, "started")] == [0, 1]
+    assert len(events(paths, "restarted")) == 1
+    finished = events(paths, "finished")[-1]
+    assert finished["status"] == "failed" and "launch.restarts_in_job=1 used up" in finished["reason"]
