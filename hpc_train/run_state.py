@@ -33,6 +33,9 @@ class RunState:
     consented_specs: tuple[tuple[str | None, str], ...] = ()
     # Blocks per stage: a timed balance reuses its cut after a requeue (the checkpoints hold it).
     pipeline_cut: tuple[int, ...] | None = None
+    # Where the last checkpoint stands (train/state.Progress: step, epoch, consumed, samples,
+    # samples_per_step, world_size): `resume` tells a change of world size from it.
+    last_save: dict[str, int] | None = None
 
     def failed_runs(self) -> int:
         """Runs that failed or stalled and were retried: what checkpoint.retries_on_failure bounds."""
@@ -50,14 +53,18 @@ class RunState:
     def with_pipeline_cut(self, sizes) -> RunState:
         return replace(self, pipeline_cut=tuple(sizes))
 
+    def with_last_save(self, position: dict) -> RunState:
+        return replace(self, last_save={str(k): int(v) for k, v in position.items()})
+
 
 def parse(data) -> RunState:
     """The file's JSON -> RunState; ValueError when it is not a run state."""
     try:
-        cut = data.get("pipeline_cut")
+        cut, save = data.get("pipeline_cut"), data.get("last_save")
         return RunState({str(k): int(n) for k, n in data.get("retries", {}).items()},
                         tuple((a, str(b)) for a, b in data.get("consented_specs", [])),
-                        None if cut is None else tuple(int(n) for n in cut))
+                        None if cut is None else tuple(int(n) for n in cut),
+                        None if save is None else {str(k): int(v) for k, v in save.items()})
     except (AttributeError, TypeError, ValueError) as exc:
         raise ValueError(f"not a run state: {exc}") from exc
 
