@@ -17,10 +17,11 @@ ENV = "HPC_TRAIN_SAMPLE_LEDGER"
 
 
 class SampleLedger:
-    """Does nothing unless HPC_TRAIN_SAMPLE_LEDGER is set."""
+    """Does nothing unless HPC_TRAIN_SAMPLE_LEDGER is set, nor on ranks that are not `first` of
+    the ranks reading the same samples (a pipeline's later stages)."""
 
-    def __init__(self, rank: int, environ=os.environ):
-        self.path, self.rank = environ.get(ENV) or None, rank
+    def __init__(self, rank: int, first: bool = True, environ=os.environ):
+        self.path, self.rank = (environ.get(ENV) or None) if first else None, rank
         self.keys: list = []
         self.per_step = 0
 

@@ -168,13 +168,16 @@ def _captured(components: dict[str, Stateful]) -> dict[str, Any]:
 def check_spec(saved_spec: dict, current_spec: dict, allowed: bool) -> list[str]:
     """The keys changed since the checkpoint; raises unless `allowed`. A key added to the
     schema since the checkpoint counts as its default (a newer version reads old runs)."""
-    try:
-        saved_spec = spec_to_dict(spec_from_dict(saved_spec))
-    except SpecError:
-        pass                # a spec this version no longer accepts: compared as it was saved
-    changed = changed_keys(saved_spec, current_spec)
+    changed = changed_keys(_with_defaults(saved_spec), _with_defaults(current_spec))
     if changed and not allowed:
         raise CheckpointMismatch(
             "the run's spec changed since its checkpoint: " + ", ".join(changed) + ". Resume with "
             "`python -m hpc_train resume RUN_DIR --allow-spec-change` to accept, or restore spec.yaml")
     return changed
+
+
+def _with_defaults(spec: dict) -> dict:
+    try:
+        return spec_to_dict(spec_from_dict(spec))
+    except SpecError:       # a spec this version no longer accepts: compared as it was saved
+        return spec

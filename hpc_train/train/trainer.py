@@ -159,7 +159,7 @@ class Trainer:
             schedule=spec.optim.schedule, milestones=tuple(spec.optim.step_milestones),
             gamma=spec.optim.step_gamma)
         self.progress = Progress(spec.samples_per_step, identity.size, self._position_of_step)
-        self.ledger = SampleLedger(identity.rank)
+        self.ledger = SampleLedger(identity.rank, first=self.place.stage == 0)
         self.checkpoints = Checkpointing(self._checkpointed(), self.progress, spec, paths, identity,
                                          self.backend, self.heartbeat, stop)
         self.tensorboard: TensorBoardLog | None = None

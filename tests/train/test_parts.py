@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from hpc_train import run_state
+from hpc_train.errors import CheckpointMismatch
 from hpc_train.launch.identity import RankInfo
 from hpc_train.parallel.layout import Parallelism, ParallelLayout
 from hpc_train.rundir import RunPaths
@@ -154,3 +155,36 @@ def test_checkpointing_saves_and_resumes_from_its_collaborators(tmp_path, write)
     assert run_state.read(paths).last_save == {"step": 7, "epoch": 1, "consumed": 128,
                                                "samples": 576, "samples_per_step": 64,
                                                "world_size": 1}
+
+
+class StepsOnly:
+    """The progress of a checkpoint from before samples were counted: the step alone."""
+
+    def __init__(self, step):
+        self.step = step
+
+    def state_dict(self):
+        return {"step": self.step}
+
+    def load_state_dict(self, state):
+        raise AssertionError("not loaded")
+
+
+def test_a_step_based_checkpoint_resumes_at_its_own_world_size_only(tmp_path):
+    spec = spec_from_dict({"run": {"name": "t"}, "checkpoint": {"write": "sync"}})
+    paths = RunPaths(tmp_path)
+
+    def checkpointing(progress, saved=None):
+        states = CheckpointedState(replicated={"progress": saved or progress})
+        return Checkpointing(states, progress, spec, paths, RankInfo(), Alone(), Beats())
+
+    # 50 steps of 64 samples, 46 steps per epoch: epoch 1, 4 steps in.
+    checkpointing(Progress(64, 1, None, step=50), saved=StepsOnly(50)).save("periodic")
+    derived = Progress(64, 1, lambda step: (step // 46, step % 46 * 64, step * 64))
+    assert checkpointing(derived).resume()
+    assert (derived.step, derived.epoch, derived.consumed, derived.samples) == (50, 1, 256, 3200)
+
+    meta = next(paths.checkpoints.glob("step-*")) / "meta.json"
+    meta.write_text(meta.read_text().replace('"world_size": 1', '"world_size": 2'))
+    with pytest.raises(CheckpointMismatch, match="resumes only on its own 2 ranks, not 1"):
+        checkpointing(Progress(64, 1, None)).resume()
