@@ -93,14 +93,17 @@ def started(hosts: list[str], ranks: int, deadline: float | None, argv: list[str
 
 
 def training_started(**fields) -> dict:
-    """total_steps, steps_per_epoch, world_size, global_batch, peak_lr, device."""
+    """Each segment's: total_steps, steps_per_epoch, world_size, global_batch, peak_lr, device,
+    and where it starts: step, epoch, consumed (samples of the epoch's order), samples, epoch_samples."""
     return {"event": TRAINING_STARTED, **fields}
 
 
 def resumed(step: int, from_checkpoint: int, spec_changed: list[str], saved_world_size,
-            skipped: list[int]) -> dict:
+            skipped: list[int], **position) -> dict:
+    """position: epoch, consumed, samples, saved_samples_per_step, samples_per_step."""
     return {"event": RESUMED, "step": step, "from_checkpoint": from_checkpoint,
-            "spec_changed": spec_changed, "saved_world_size": saved_world_size, "skipped": skipped}
+            "spec_changed": spec_changed, "saved_world_size": saved_world_size, "skipped": skipped,
+            **position}
 
 
 def checkpoint_skipped(step: int, error: str, moved_to: str) -> dict:
@@ -108,12 +111,13 @@ def checkpoint_skipped(step: int, error: str, moved_to: str) -> dict:
 
 
 def checkpoint_saved(step: int, reason: str, path: str, seconds: float,
-                     blocked_seconds: float | None = None, mode: str = "sync") -> dict:
+                     blocked_seconds: float | None = None, mode: str = "sync",
+                     samples: int | None = None) -> dict:
     """seconds: from the save's start to its marker; blocked_seconds: how long training waited
-    (the whole save when mode is sync; the host copy when async)."""
+    (the whole save when mode is sync; the host copy when async); samples: trained by then."""
     return {"event": CHECKPOINT_SAVED, "step": step, "reason": reason, "path": path,
             "seconds": seconds, "blocked_seconds": seconds if blocked_seconds is None else blocked_seconds,
-            "mode": mode}
+            "mode": mode, "samples": samples}
 
 
 def stop_requested(reason: str, source: str) -> dict:

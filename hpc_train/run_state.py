@@ -36,6 +36,9 @@ class RunState:
     # Restarts of the ranks inside their job per cause, over the whole run (launch.restarts_in_job
     # bounds them per job: the driver counts its own).
     restarts_in_job: dict[str, int] = field(default_factory=dict)
+    # Where the last checkpoint stands (train/state.Progress: step, epoch, consumed, samples,
+    # samples_per_step, world_size): `resume` tells a change of world size from it.
+    last_save: dict[str, int] | None = None
 
     def failed_runs(self) -> int:
         """Runs that failed or stalled and were retried: what checkpoint.retries_on_failure bounds."""
@@ -57,15 +60,19 @@ class RunState:
     def with_pipeline_cut(self, sizes) -> RunState:
         return replace(self, pipeline_cut=tuple(sizes))
 
+    def with_last_save(self, position: dict) -> RunState:
+        return replace(self, last_save={str(k): int(v) for k, v in position.items()})
+
 
 def parse(data) -> RunState:
     """The file's JSON -> RunState; ValueError when it is not a run state."""
     try:
-        cut = data.get("pipeline_cut")
+        cut, save = data.get("pipeline_cut"), data.get("last_save")
         return RunState(_counts(data.get("retries", {})),
                         tuple((a, str(b)) for a, b in data.get("consented_specs", [])),
                         None if cut is None else tuple(int(n) for n in cut),
-                        _counts(data.get("restarts_in_job", {})))
+                        _counts(data.get("restarts_in_job", {})),
+                        None if save is None else {str(k): int(v) for k, v in save.items()})
     except (AttributeError, TypeError, ValueError) as exc:
         raise ValueError(f"not a run state: {exc}") from exc
 

@@ -1,18 +1,23 @@
 """Each rank's part of an epoch: equal sizes, shuffled deterministically from (seed, epoch).
 
 Equal parts matter: a rank with one batch more waits forever in a collective the others never
-join. The remainder (fewer than `size` samples per epoch) is dropped; shuffling changes which
-samples those are from epoch to epoch.
+join. The remainder (fewer than one global step's samples per epoch) is dropped; shuffling
+changes which samples those are from epoch to epoch.
 
 Two samplers:
-- `ResumableBlockSampler`: for training (shards and synthetic data alike). The epoch order shuffles blocks of `block_size`
-  consecutive samples, then the samples inside each block, so a batch touches few shard regions
-  (HDF5 reads and page-cache/readahead stay local). Ranks take their slice of each PASS (one
-  batch on every rank: `samples_per_pass`, a backward pass of all ranks together), so the position
-  in an epoch is one number, `consumed` (global samples trained), which means the same thing for
-  any world size with the same samples per pass, and resumes exactly. It yields
+- `ResumableBlockSampler`: for training (shards and synthetic data alike). The epoch order
+  shuffles blocks of `block_size` consecutive samples, then the samples inside each block, so a
+  batch touches few shard regions (HDF5 reads and page-cache/readahead stay local). Ranks take
+  their slice of each PASS (one batch on every rank: `samples_per_pass`, a backward pass of all
+  ranks together); a STEP is `passes_per_step` passes (accumulation). The position in an epoch is
+  one number, `consumed` (samples of the epoch's order trained), which means the same thing at
+  any world size: a resume on other ranks, or with another batch or accumulation, cuts the rest
+  of the same order into its own passes, so nothing repeats and nothing is skipped. It yields
   `SampleKey(epoch, index)`: the epoch travels with every index, so a dataset draws the sample's
   augmentation from (seed, epoch, index) alone, even as the copy made once in a persistent worker.
+  The epoch's tail: an epoch trains `order[:end]`, where `end` leaves out fewer samples than one
+  step of the global batch that finishes the epoch (the rest of the order after `consumed`, in
+  whole steps); a resume at another global batch moves `end` by less than one step.
 - `ValidationSampler`: every sample exactly once, contiguous parts that differ by at most one.
 """
 
@@ -59,16 +64,16 @@ def block_order(num_samples: int, seed: int, epoch: int, block_size: int,
 
 
 def rank_batches(order: np.ndarray, rank: int, world: int, batch_per_rank: int,
-                 consumed: int = 0) -> np.ndarray:
+                 consumed: int = 0, passes_per_step: int = 1) -> np.ndarray:
     """Rank `rank`'s indices of what remains after `consumed` samples of `order`.
 
     Pass s covers order[consumed + s*P : consumed + (s+1)*P] (P = world x batch_per_rank);
-    rank r takes its r-th contiguous sub-slice of batch_per_rank. The tail that does not fill a
-    pass is dropped, so every rank yields the same number of batches.
+    rank r takes its r-th contiguous sub-slice of batch_per_rank. The tail that does not fill
+    a step (`passes_per_step` passes) is dropped, so every rank yields the same whole steps.
     """
     per_pass = world * batch_per_rank
     remaining = order[consumed:]
-    passes = len(remaining) // per_pass
+    passes = len(remaining) // (per_pass * passes_per_step) * passes_per_step
     return remaining[:passes * per_pass].reshape(passes, world, batch_per_rank)[:, rank].ravel()
 
 
@@ -77,40 +82,47 @@ class ResumableBlockSampler:
 
     Use with DataLoader(batch_size=batch_per_rank, drop_last=True). Protocol for the trainer:
       sampler.set_epoch(epoch, consumed)   # before iterating; consumed=0 for a fresh epoch
-      for i, batch in enumerate(loader): ...; after the step: consumed = sampler.consumed_after(i + 1)
-      checkpoint: sampler.state_dict(consumed)
-      resume:     sampler.load_state_dict(state)  # == set_epoch(state epoch, state consumed)
-    `consumed` must come from the trainer (batches it trained), never from this sampler's own
+      iterate sampler.steps_left(consumed) steps of passes_per_step batches each
+      checkpoint: the position (epoch, consumed) is the trainer's (train/state.Progress), with
+                  sampler.state_dict() (the data it orders), checked by load_state_dict at resume
+    `consumed` must come from the trainer (steps it trained), never from this sampler's own
     iteration: DataLoader workers prefetch, so the sampler runs ahead of training.
-    A resumed sampler may have another world size or batch_per_rank: the remaining order is cut
-    into the new passes, so nothing repeats and nothing is skipped.
     """
 
     def __init__(self, num_samples: int, rank: int, world: int, batch_per_rank: int, *,
-                 seed: int = 0, block_size: int = 256, shuffle: bool = True):
+                 passes_per_step: int = 1, seed: int = 0, block_size: int = 256,
+                 shuffle: bool = True):
         if not 0 <= rank < world:
             raise ValueError(f"rank {rank} is outside 0..{world - 1}")
-        if batch_per_rank < 1 or block_size < 1:
-            raise ValueError(f"batch_per_rank ({batch_per_rank}) and block_size ({block_size}) "
-                             "must be >= 1")
-        if num_samples < world * batch_per_rank:
-            raise ValueError(f"{num_samples} samples do not fill one pass of "
-                             f"{world} ranks x {batch_per_rank}")
+        if min(batch_per_rank, block_size, passes_per_step) < 1:
+            raise ValueError(f"batch_per_rank ({batch_per_rank}), block_size ({block_size}) and "
+                             f"passes_per_step ({passes_per_step}) must be >= 1")
+        if num_samples < world * batch_per_rank * passes_per_step:
+            raise ValueError(f"{num_samples} samples do not fill one step of {passes_per_step} "
+                             f"pass(es) of {world} ranks x {batch_per_rank}")
         self.num_samples, self.rank, self.world = num_samples, rank, world
-        self.batch_per_rank, self.seed, self.block_size = batch_per_rank, seed, block_size
-        self.shuffle = shuffle
+        self.batch_per_rank, self.passes_per_step = batch_per_rank, passes_per_step
+        self.seed, self.block_size, self.shuffle = seed, block_size, shuffle
         self.epoch, self.start = 0, 0
 
     @property
     def samples_per_pass(self) -> int:
-        """Samples of one backward pass of all ranks: one batch each. An optimizer step is
-        `accumulation` passes (`JobSpec.samples_per_step`)."""
+        """Samples of one backward pass of all ranks: one batch each."""
         return self.world * self.batch_per_rank
 
     @property
-    def batches_per_epoch(self) -> int:
-        """Batches (per rank) of a whole epoch, whatever position the sampler starts at."""
-        return self.num_samples // self.samples_per_pass
+    def samples_per_step(self) -> int:
+        """Samples of one optimizer step over all ranks (`JobSpec.samples_per_step`)."""
+        return self.samples_per_pass * self.passes_per_step
+
+    def steps_left(self, consumed: int) -> int:
+        """Whole steps of the epoch's order after `consumed` samples: what the epoch still trains."""
+        return (self.num_samples - consumed) // self.samples_per_step
+
+    @property
+    def steps_per_epoch(self) -> int:
+        """Steps of a whole epoch at this global batch."""
+        return self.steps_left(0)
 
     def set_epoch(self, epoch: int, consumed: int = 0) -> None:
         """The next iteration yields epoch `epoch` from global position `consumed`."""
@@ -118,23 +130,21 @@ class ResumableBlockSampler:
             raise ValueError(f"consumed {consumed} is outside 0..{self.num_samples}")
         self.epoch, self.start = epoch, consumed
 
-    def consumed_after(self, batches: int) -> int:
-        """Global samples consumed once `batches` of this iteration have been trained."""
-        return self.start + batches * self.samples_per_pass
-
     def __len__(self) -> int:
-        return (self.num_samples - self.start) // self.samples_per_pass * self.batch_per_rank
+        return self.steps_left(self.start) * self.passes_per_step * self.batch_per_rank
 
     def __iter__(self):
         order = block_order(self.num_samples, self.seed, self.epoch, self.block_size, self.shuffle)
-        mine = rank_batches(order, self.rank, self.world, self.batch_per_rank, self.start)
+        mine = rank_batches(order, self.rank, self.world, self.batch_per_rank, self.start,
+                            self.passes_per_step)
         return map(partial(SampleKey, self.epoch), mine.tolist())
 
-    def state_dict(self, consumed: int) -> dict:
-        return {"epoch": self.epoch, "consumed": int(consumed), "seed": self.seed,
-                "block_size": self.block_size, "num_samples": self.num_samples}
+    def state_dict(self) -> dict:
+        """What the epoch order depends on (not the position: the trainer's Progress has it)."""
+        return {"seed": self.seed, "block_size": self.block_size, "num_samples": self.num_samples}
 
     def load_state_dict(self, state: dict) -> None:
+        """Refuse a checkpoint of other data: its position would point into another order."""
         from hpc_train.errors import DataError
 
         for key in ("seed", "block_size", "num_samples"):
@@ -142,7 +152,6 @@ class ResumableBlockSampler:
                 raise DataError(f"sampler state has {key}={state[key]}, this run has "
                                 f"{getattr(self, key)}: the epoch order would differ, so the "
                                 "position cannot be resumed (same data and data settings needed)")
-        self.set_epoch(int(state["epoch"]), int(state["consumed"]))
 
 
 # -- validation: every sample once ------------------------------------------------------------

@@ -9,10 +9,15 @@ running the installed package.
 
 One writer per run directory: a run whose job Slurm still holds (pending, running, requeued)
 is refused, since a second job would train into the same checkpoints and logs.
+
+Another world size is a change of spec like any other (`--allow-spec-change`); the ranks go on
+from the checkpoint's position in samples. `resume` says what it does to the global batch, and
+keeps it where `parallel.keep_global_batch` asks (spec/global_batch.py).
 """
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from hpc_train import events, run_state, scheduler
@@ -23,6 +28,7 @@ from hpc_train.slurm.run_code import CODE_KEEP
 from hpc_train.slurm.submit import Submission, submit
 from hpc_train.spec import JobSpec, dump_spec_yaml, load_spec, spec_hash, spec_to_dict
 from hpc_train.spec.diff import changed_keys
+from hpc_train.spec.global_batch import GlobalBatch, describe_change, keeping
 
 
 def resume_run(run_dir: str | Path, overrides: list[str], allow_spec_change: bool,
@@ -46,6 +52,11 @@ def prepare_resume(paths: RunPaths, overrides: list[str], allow_spec_change: boo
     refuse_if_active(paths)
     saved = load_spec(paths.spec)
     spec = load_spec(paths.spec, overrides)
+    last = last_global_batch(paths, saved)
+    if kept := keeping(spec, last):
+        spec = load_spec(paths.spec, [*overrides, *kept])
+    if change := describe_change(last, spec):
+        print(f"resume: {change}", file=sys.stderr)
     changed = changed_keys(spec_to_dict(saved), spec_to_dict(spec))
     if changed:
         if not allow_spec_change:
@@ -57,6 +68,15 @@ def prepare_resume(paths: RunPaths, overrides: list[str], allow_spec_change: boo
         paths.spec.write_text(dump_spec_yaml(spec))
         events.record(paths, events.spec_change_allowed(spec_hash(saved), spec_hash(spec), changed))
     return spec
+
+
+def last_global_batch(paths: RunPaths, saved: JobSpec) -> GlobalBatch:
+    """The ranks and samples per step of the last checkpoint (the run state's record of it), or
+    of the saved spec for a run without that record."""
+    save = run_state.read(paths).last_save or {}
+    if save.get("samples_per_step"):
+        return GlobalBatch(save["world_size"], save["samples_per_step"])
+    return GlobalBatch(saved.world_size, saved.samples_per_step)
 
 
 def refuse_if_active(paths: RunPaths) -> None:

@@ -277,6 +277,11 @@ class ParallelSpec:
         "(Horovod's DistributedOptimizer; DDP ignores it, with a warning)")
     pipeline: PipelineSpec = field(default_factory=PipelineSpec)
     horovod: HorovodSpec = field(default_factory=HorovodSpec)
+    # A resume on another world size (spec/global_batch.py, slurm/resume.py).
+    keep_global_batch: bool = spec_field(
+        False, doc="on a resume at another world size, keep the last checkpoint's samples per "
+        "step (and so the peak LR) by changing parallel.accumulation; refused where it does not "
+        "divide. false: the samples per step follow the ranks, the peak LR the linear rule")
 
 
 @dataclass(frozen=True)

@@ -101,6 +101,11 @@ class Checkpointing:
             allowed = saved == self.hash or run_state.read(self.paths).allows(saved, self.hash)
             self._changed = state.check_spec(replicated["spec"], self.spec_dict, allowed=allowed)
             self._saved_world_size = meta.get("world_size")
+            if "samples" not in replicated["progress"] and self._saved_world_size != self.identity.size:
+                raise CheckpointMismatch(
+                    f"checkpoint step {step} counts steps, not samples (made before progress was "
+                    f"counted in samples): it resumes only on its own {self._saved_world_size} "
+                    f"ranks, not {self.identity.size}. Fix: resume with the world size it was saved with")
             self.states.load(replicated, per_rank, lambda name: self.manager.load_file(step, name))
         except CheckpointMismatch:
             raise
@@ -118,11 +123,16 @@ class Checkpointing:
         return error
 
     def _resumed(self, step: int, skipped: list[int]) -> None:
-        self.last_saved_step = self.progress.step
+        progress = self.progress
+        self.last_saved_step = progress.step
         if self.identity.is_main:
             events.try_record(self.paths, events.resumed(
-                self.progress.step, step, self._changed, self._saved_world_size, skipped))
-        log.info("resumed from step %d%s", self.progress.step,
+                progress.step, step, self._changed, self._saved_world_size, skipped,
+                epoch=progress.epoch, consumed=progress.consumed, samples=progress.samples,
+                saved_samples_per_step=progress.loaded.get("samples_per_step"),
+                samples_per_step=progress.samples_per_step))
+        log.info("resumed from step %d (epoch %d, sample %d of its order)%s", progress.step,
+                 progress.epoch, progress.consumed,
                  f" (skipped unloadable checkpoints {skipped})" if skipped else "")
 
     def save(self, reason: str) -> None:
@@ -138,19 +148,21 @@ class Checkpointing:
         replicated["spec"] = self.spec_dict      # checked against the job's at resume
         per_rank["rank"] = self.identity.rank
         meta = {"spec_hash": self.hash, "reason": reason}
+        position = self.progress.state_dict()
         if self.asynchronous:
             replicated, per_rank, files = self.snapshot.take((replicated, per_rank, files))
             self.manager.prepare(step)
             blocked = time.perf_counter() - started
             self.writer.submit(lambda: self._write(step, reason, replicated, per_rank, files,
-                                                   meta, started, blocked))
+                                                   meta, started, blocked, position))
         else:
             path = self.manager.save(step, replicated, per_rank, meta, files)
-            self._saved(step, reason, path, started, time.perf_counter() - started)
+            self._saved(step, reason, path, started, time.perf_counter() - started, position)
         self.last_saved_step, self.last_save_time = step, time.monotonic()
         self.heartbeat.progress(phase=Phase.SAVED)
 
-    def _write(self, step, reason, replicated, per_rank, files, meta, started, blocked) -> None:
+    def _write(self, step, reason, replicated, per_rank, files, meta, started, blocked,
+               position) -> None:
         """The background part: no collective here (those belong to the training thread)."""
         rank0 = self.identity.rank == 0
 
@@ -161,13 +173,21 @@ class Checkpointing:
 
         path = self.manager.write(step, replicated, per_rank, meta, files, peers_done=peers_done)
         if rank0:
-            self._saved(step, reason, path, started, blocked)
+            self._saved(step, reason, path, started, blocked, position)
 
-    def _saved(self, step: int, reason: str, path, started: float, blocked: float) -> None:
+    def _saved(self, step: int, reason: str, path, started: float, blocked: float,
+               position: dict) -> None:
+        """Rank 0 records the save, and its position in the run state (what `resume` tells a
+        change of world size by, and keeps the global batch of)."""
         if self.identity.is_main:
             events.try_record(self.paths, events.checkpoint_saved(
                 step, reason, str(path), round(time.perf_counter() - started, 3),
-                blocked_seconds=round(blocked, 3), mode="async" if self.asynchronous else "sync"))
+                blocked_seconds=round(blocked, 3), mode="async" if self.asynchronous else "sync",
+                samples=position["samples"]))
+            try:
+                run_state.update(self.paths, lambda state: state.with_last_save(position))
+            except OSError as exc:      # the checkpoint is complete; only the record is missing
+                log.warning("could not record the save in the run state: %s", exc)
 
     def finish_writes(self) -> None:
         """Wait for the pending write (bounded), then meet: when this returns on any rank, the

@@ -176,12 +176,10 @@ def build_loaders(spec, rank: int, size: int, pin: bool, uint8: bool = False,
         spec = dataclasses.replace(spec, data=dataclasses.replace(spec.data, path=str(root)))
     train, val = _datasets(spec, uint8)
     try:
-        sampler = ResumableBlockSampler(len(train), rank, size, spec.data.batch_size, seed=spec.run.seed)
+        sampler = ResumableBlockSampler(len(train), rank, size, spec.data.batch_size,
+                                        passes_per_step=spec.parallel.accumulation, seed=spec.run.seed)
     except ValueError as exc:
         raise DataError(f"training data too small: {exc}") from None
-    if sampler.batches_per_epoch < spec.parallel.accumulation:
-        raise DataError(f"{len(train)} training samples make {sampler.batches_per_epoch} batches per "
-                        f"epoch, fewer than one step of {spec.parallel.accumulation} accumulated batches")
     val_loader = None
     if val is not None and len(val):
         val_loader = validation_loader(val, spec, rank, size, pin)

@@ -1,56 +1,50 @@
-"""Learning-rate schedule: linear warmup to the peak LR, then cosine / step / constant.
+"""Learning-rate schedule: linear warmup to the peak LR, then cosine / step / constant, as a
+pure function of the run's position in samples.
 
-The math is pure functions of the optimizer step (no torch), so it is tested with plain
-numbers and a resumed run gets the same LR from the step counter alone. The peak LR is the
-spec's `scaled_lr` (the linear scaling rule, `spec.schema.scale_lr`).
+Why samples, not steps: a step holds another number of samples at another world size, so a
+schedule counted in steps is stretched or squeezed by a resume on more or fewer ranks. Counted
+in samples, the LR at a position is the same whatever global batches led there. The math has
+no torch, so it is tested with plain numbers. The peak LR is the spec's `scaled_lr` for the
+global batch of the step (the linear scaling rule, `spec.schema.scale_lr`).
 
-`step` is always the OPTIMIZER step index (one per `optimizer.step()`, i.e. after gradient
-accumulation), counted from 0. Epoch quantities are turned into steps with
-`epochs * steps_per_epoch` rounded half up, so fractional epochs (warmup_epochs=0.5) work.
+`position` is `epoch * epoch_samples + consumed`: the epochs done, each counted as the whole
+data set, plus the samples of the current epoch's order trained (see `train/state.Progress`).
+An epoch's tail that does not fill a step is not trained, so the position jumps over it at the
+epoch's end, and milestones given in epochs stay at the start of their epoch. The LR of a step
+is the schedule at the position that step reaches (its samples included): the first step of
+warmup trains at `peak * samples_per_step / warmup_samples`, small but never 0, which is the
+old step-counted `1 / warmup_steps`.
 
-Warmup (Goyal et al. 2017, "Accurate, Large Minibatch SGD", sec. 2.2): the LR ramps linearly
-from `peak_lr * warmup_start_factor` at step 0 to exactly `peak_lr` at step `warmup_steps`.
-The default start factor is `1 / warmup_steps` (W): step 0 trains at `peak / W`, small but
-not zero (an LR of 0 would waste the first step), and each step adds `peak * (1 - 1/W) / W`.
-Goyal's own choice -- start from the single-worker LR -- is `warmup_start_factor = 1 / k` for
-k workers (or `base_lr / peak_lr`); pass it explicitly if you want that. The decay phase starts at
-`warmup_steps` with value `peak_lr`, so the curve is continuous at the boundary.
+Warmup (Goyal et al. 2017, "Accurate, Large Minibatch SGD", sec. 2.2): linear in the position
+up to exactly `peak_lr` at `warmup_epochs`; the decay starts there with `peak_lr`, so the curve
+is continuous.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable, Sequence
+from typing import Any, Sequence
 
 __all__ = ["SCHEDULES", "lr_at", "LrSchedule"]
 
 SCHEDULES = ("cosine", "step", "constant")
 
 
-def _steps(epochs: float, steps_per_epoch: int) -> int:
-    # Half up, not round()'s half-to-even: 1.25 epochs x 10 steps is step 13, predictably.
-    return math.floor(epochs * steps_per_epoch + 0.5)
-
-
-def _check(peak_lr: float, steps_per_epoch: int, warmup_epochs: float, total_epochs: float,
-           schedule: str, milestones: Sequence[float], gamma: float,
-           warmup_start_factor: float | None) -> None:
+def _check(peak_lr: float, epoch_samples: int, warmup_epochs: float, total_epochs: float,
+           schedule: str, milestones: Sequence[float], gamma: float) -> None:
     """Every rule with the values that broke it; called once per LrSchedule, and by lr_at."""
     if schedule not in SCHEDULES:
         raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
     if not peak_lr > 0:
         raise ValueError(f"peak_lr must be > 0, got {peak_lr!r}")
-    if isinstance(steps_per_epoch, bool) or not isinstance(steps_per_epoch, int) \
-            or steps_per_epoch < 1:
-        raise ValueError(f"steps_per_epoch must be a positive integer (optimizer steps, after "
-                         f"accumulation), got {steps_per_epoch!r}")
+    if isinstance(epoch_samples, bool) or not isinstance(epoch_samples, int) or epoch_samples < 1:
+        raise ValueError(f"epoch_samples must be a positive integer (the training set's "
+                         f"samples), got {epoch_samples!r}")
     if not 0 <= warmup_epochs <= total_epochs:
         raise ValueError(f"need 0 <= warmup_epochs <= total_epochs, got warmup_epochs="
                          f"{warmup_epochs!r}, total_epochs={total_epochs!r}")
     if not total_epochs > 0:
         raise ValueError(f"total_epochs must be > 0, got {total_epochs!r}")
-    if warmup_start_factor is not None and not 0 < warmup_start_factor <= 1:
-        raise ValueError(f"warmup_start_factor must be in (0, 1], got {warmup_start_factor!r}")
     if schedule == "step":
         if not milestones:
             raise ValueError("schedule 'step' needs milestones (epochs), e.g. [30, 60, 80]")
@@ -65,81 +59,61 @@ def _check(peak_lr: float, steps_per_epoch: int, warmup_epochs: float, total_epo
             raise ValueError(f"gamma must be in (0, 1], got {gamma!r}")
 
 
-def lr_at(step: int, *, peak_lr: float, steps_per_epoch: int, warmup_epochs: float,
+def lr_at(position: int, *, peak_lr: float, epoch_samples: int, warmup_epochs: float,
           total_epochs: float, schedule: str, milestones: Sequence[float] = (),
-          gamma: float = 0.1, warmup_start_factor: float | None = None,
-          _checked: bool = False) -> float:
-    """LR for optimizer step `step` (0-based). See the module docstring for the shape.
+          gamma: float = 0.1, _checked: bool = False) -> float:
+    """LR of the step that brings the run to sample `position` (see the module docstring).
 
     cosine: `peak * 0.5 * (1 + cos(pi * p))`, p going 0 -> 1 from warmup end to total end;
-      0 at and after the last step of `total_epochs`.
-    step: `peak * gamma ** (number of milestones reached)`; milestones are epochs.
+      0 at and after `total_epochs`.
+    step: `peak * gamma ** (number of milestones passed)`; milestones are epochs, and a step
+      ending exactly at one still trains at the earlier LR.
     constant: `peak` after warmup.
     """
     if not _checked:
-        _check(peak_lr, steps_per_epoch, warmup_epochs, total_epochs, schedule, milestones,
-               gamma, warmup_start_factor)
-    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-        raise ValueError(f"step must be an integer >= 0, got {step!r}")
-    warmup_steps = _steps(warmup_epochs, steps_per_epoch)
-    if step < warmup_steps:
-        start = 1.0 / warmup_steps if warmup_start_factor is None else warmup_start_factor
-        return peak_lr * (start + (1.0 - start) * step / warmup_steps)
+        _check(peak_lr, epoch_samples, warmup_epochs, total_epochs, schedule, milestones, gamma)
+    if isinstance(position, bool) or not isinstance(position, int) or position < 1:
+        raise ValueError(f"position must be an integer >= 1 (a step trains at least one "
+                         f"sample), got {position!r}")
+    warmup = warmup_epochs * epoch_samples
+    if position < warmup:
+        return peak_lr * position / warmup
     if schedule == "constant":
         return peak_lr
     if schedule == "step":
-        reached = sum(step >= _steps(m, steps_per_epoch) for m in milestones)
-        return peak_lr * gamma ** reached
-    decay_steps = _steps(total_epochs, steps_per_epoch) - warmup_steps
-    if decay_steps <= 0:  # all warmup (warmup_epochs == total_epochs): nothing to decay over
+        return peak_lr * gamma ** sum(position > m * epoch_samples for m in milestones)
+    decay = total_epochs * epoch_samples - warmup
+    if decay <= 0:  # all warmup (warmup_epochs == total_epochs): nothing to decay over
         return 0.0
-    progress = min(1.0, (step - warmup_steps) / decay_steps)
+    progress = min(1.0, (position - warmup) / decay)
     return peak_lr * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
 class LrSchedule:
-    """`lr_at` with its settings bound, plus the hooks the trainer and checkpoints use.
+    """`lr_at` with its settings bound (checked once), and setting it on an optimizer.
 
-    The LR is a function of the step, so the only state is the last applied step; it is
-    saved anyway so a checkpoint records it and a resume can check it against the trainer's.
+    No state of its own: the LR follows from the position (`Progress`), which checkpoints hold.
     """
 
-    def __init__(self, *, peak_lr: float, steps_per_epoch: int, warmup_epochs: float,
-                 total_epochs: float, schedule: str = "cosine",
-                 milestones: Iterable[float] = (), gamma: float = 0.1,
-                 warmup_start_factor: float | None = None) -> None:
+    def __init__(self, *, peak_lr: float, epoch_samples: int, warmup_epochs: float,
+                 total_epochs: float, schedule: str = "cosine", milestones: Sequence[float] = (),
+                 gamma: float = 0.1) -> None:
         self.config: dict[str, Any] = dict(
-            peak_lr=peak_lr, steps_per_epoch=steps_per_epoch, warmup_epochs=warmup_epochs,
+            peak_lr=peak_lr, epoch_samples=epoch_samples, warmup_epochs=warmup_epochs,
             total_epochs=total_epochs, schedule=schedule, milestones=tuple(milestones),
-            gamma=gamma, warmup_start_factor=warmup_start_factor)
+            gamma=gamma)
         _check(**self.config)  # fail at construction, not at step 10,000
-        self.last_step = -1
 
-    @property
-    def warmup_steps(self) -> int:
-        return _steps(self.config["warmup_epochs"], self.config["steps_per_epoch"])
+    def lr(self, position: int) -> float:
+        return lr_at(position, _checked=True, **self.config)
 
-    @property
-    def total_steps(self) -> int:
-        return _steps(self.config["total_epochs"], self.config["steps_per_epoch"])
-
-    def lr(self, step: int) -> float:
-        return lr_at(step, _checked=True, **self.config)
-
-    def apply(self, optimizer: Any, step: int) -> float:
-        """Set `lr` in every param group for optimizer step `step`; return the LR.
+    def apply(self, optimizer: Any, position: int) -> float:
+        """Set `lr` in every param group for the step that reaches `position`; return the LR.
 
         A group may carry `lr_scale` (e.g. a head trained at 10x); it multiplies the LR.
         Call before `optimizer.step()` for that step.
         """
-        lr = self.lr(step)
+        lr = self.lr(position)
         for group in optimizer.param_groups:
             group["lr"] = lr * group.get("lr_scale", 1.0)
-        self.last_step = step
         return lr
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"last_step": self.last_step}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.last_step = int(state["last_step"])

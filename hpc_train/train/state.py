@@ -4,7 +4,8 @@ Each component has `state_dict()` / `load_state_dict()` (torchtitan's `Stateful`
 parts name theirs, and `CheckpointedState` says where each one lives on disk:
 
 - replicated (rank 0 writes `replicated.pt`): the same on every rank (weights, optimizer, loss
-  scaler, LR schedule, progress, sampler position); the checkpointing adds the resolved spec.
+  scaler, the position in samples, the data the sampler orders); the checkpointing adds the
+  resolved spec. The LR follows from the position and the spec.
 - per rank (`rank-NNNNN.pt`): RNG streams, BatchNorm buffers (they differ per rank under Horovod);
   absent after a world-size change, when components that can derive a fresh state do so.
 - named files (`stage-NNNNN.pt`): a pipeline stage's weights and optimizer, written by replica 0
@@ -21,7 +22,8 @@ from typing import Any, Callable, Protocol
 import torch
 
 from hpc_train.checkpoint.rng import capture_rng, restore_rng
-from hpc_train.errors import CheckpointMismatch
+from hpc_train.errors import CheckpointMismatch, SpecError
+from hpc_train.spec import spec_from_dict, spec_to_dict
 from hpc_train.spec.diff import changed_keys
 
 
@@ -37,29 +39,51 @@ def unwrap(model: torch.nn.Module) -> torch.nn.Module:
 
 @dataclass
 class Progress:
-    """Where training stands: optimizer steps done, the same on every rank."""
+    """Where training stands, the same on every rank: the position in samples, and the steps.
 
+    `epoch` and `consumed` (samples of that epoch's order trained) place the run in the data
+    at any world size; `samples` counts every sample trained; `step` counts optimizer steps,
+    whatever their size, and names the checkpoints. `samples_per_step` and `world_size` are this
+    segment's global batch and ranks, saved with the position; `loaded` is what the checkpoint
+    resumed from said of them. `from_step` derives (epoch, consumed, samples) for a checkpoint
+    from before samples were counted (it held the step alone), at its own world size.
+    """
+
+    samples_per_step: int
+    world_size: int
+    from_step: Callable[[int], tuple[int, int, int]] = field(repr=False, compare=False)
     step: int = 0
+    epoch: int = 0
+    consumed: int = 0
+    samples: int = 0
+    loaded: dict[str, Any] = field(default_factory=dict)
+
+    def advance(self) -> None:
+        """One optimizer step of this segment's global batch trained."""
+        self.step += 1
+        self.consumed += self.samples_per_step
+        self.samples += self.samples_per_step
+
+    def next_epoch(self) -> None:
+        self.epoch, self.consumed = self.epoch + 1, 0
+
+    def position(self, epoch_samples: int) -> int:
+        """The schedule's coordinate: whole epochs as the data set's size, plus this epoch's."""
+        return self.epoch * epoch_samples + self.consumed
 
     def state_dict(self) -> dict[str, Any]:
-        return {"step": self.step}
+        return {"step": self.step, "epoch": self.epoch, "consumed": self.consumed,
+                "samples": self.samples, "samples_per_step": self.samples_per_step,
+                "world_size": self.world_size}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.step = int(state["step"])
-
-
-class SamplerPosition:
-    """The training sampler's place, derived from the progress; saved so that a resume with other
-    data or data settings is refused (the sampler checks), restored to go on mid-epoch."""
-
-    def __init__(self, sampler, progress: Progress, consumed_after: Callable[[int], int]):
-        self.sampler, self.progress, self.consumed_after = sampler, progress, consumed_after
-
-    def state_dict(self) -> dict[str, Any]:
-        return self.sampler.state_dict(self.consumed_after(self.progress.step))
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.sampler.load_state_dict(state)
+        if "samples" in state:
+            self.epoch, self.consumed, self.samples = (int(state[k]) for k in
+                                                       ("epoch", "consumed", "samples"))
+        else:
+            self.epoch, self.consumed, self.samples = self.from_step(self.step)
+        self.loaded = dict(state)
 
 
 class ModelWeights:
@@ -142,9 +166,18 @@ def _captured(components: dict[str, Stateful]) -> dict[str, Any]:
 
 
 def check_spec(saved_spec: dict, current_spec: dict, allowed: bool) -> list[str]:
-    changed = changed_keys(saved_spec, current_spec)
+    """The keys changed since the checkpoint; raises unless `allowed`. A key added to the
+    schema since the checkpoint counts as its default (a newer version reads old runs)."""
+    changed = changed_keys(_with_defaults(saved_spec), _with_defaults(current_spec))
     if changed and not allowed:
         raise CheckpointMismatch(
             "the run's spec changed since its checkpoint: " + ", ".join(changed) + ". Resume with "
             "`python -m hpc_train resume RUN_DIR --allow-spec-change` to accept, or restore spec.yaml")
     return changed
+
+
+def _with_defaults(spec: dict) -> dict:
+    try:
+        return spec_to_dict(spec_from_dict(spec))
+    except SpecError:       # a spec this version no longer accepts: compared as it was saved
+        return spec

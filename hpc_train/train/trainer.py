@@ -2,6 +2,13 @@
 
 Collectives happen at the same steps on every rank (gradient reduction, the loss average at
 log steps, evaluation at epoch ends), since every rank runs the same number of steps.
+
+Progress is counted in samples (`Progress`: the epoch and the samples of its order trained);
+steps follow from the global batch of this segment (`JobSpec.samples_per_step`), so a run
+resumed on another number of ranks goes on with the rest of the interrupted epoch and its LR
+(`train/schedule.py`), and its total steps are derived anew. A sample is what the sampler
+orders: an image, or a token sequence of data.seq_len tokens for text (tokens are sequences x
+seq_len, since seq_len is fixed for the run; the position must index the order exactly).
 """
 
 from __future__ import annotations
@@ -23,8 +30,8 @@ from hpc_train.launch.identity import RankInfo
 from hpc_train.runtime.stop import StopFlag
 from hpc_train.spec import dump_spec_yaml, spec_to_dict
 from hpc_train.spec.schema import TOKEN_KINDS
-from hpc_train.train.state import (CheckpointedState, ModelBuffers, ModelWeights, Progress,
-                                   RngStreams, SamplerPosition)
+from hpc_train.train.ledger import SampleLedger
+from hpc_train.train.state import CheckpointedState, ModelBuffers, ModelWeights, Progress, RngStreams
 from hpc_train.train.checkpointing import Checkpointing
 from hpc_train.train.data import DeviceInputs, build_loaders, normalizes_on_device, shutdown_workers
 from hpc_train.train.evaluation import evaluate_classifier
@@ -148,14 +155,14 @@ class Trainer:
         self.train_loader, self.val_loader = build_loaders(spec, *self.place.data_part, pin, uint8,
                                                            root=data_root)
         self.sampler = self.train_loader.sampler
-        # From the sampler, not len(loader): a resumed sampler's length counts only what is left.
-        self.steps_per_epoch = self.sampler.batches_per_epoch // spec.parallel.accumulation
+        self.epoch_samples = self.sampler.num_samples
         self.schedule = LrSchedule(
-            peak_lr=spec.scaled_lr, steps_per_epoch=self.steps_per_epoch,
+            peak_lr=spec.scaled_lr, epoch_samples=self.epoch_samples,
             warmup_epochs=spec.optim.warmup_epochs, total_epochs=spec.optim.epochs,
             schedule=spec.optim.schedule, milestones=tuple(spec.optim.step_milestones),
             gamma=spec.optim.step_gamma)
-        self.progress = Progress()
+        self.progress = Progress(spec.samples_per_step, identity.size, self._position_of_step)
+        self.ledger = SampleLedger(identity.rank, first=self.place.stage == 0)
         self.checkpoints = Checkpointing(self._checkpointed(), self.progress, spec, paths, identity,
                                          self.backend, self.heartbeat, stop)
         self.tensorboard: TensorBoardLog | None = None
@@ -163,9 +170,7 @@ class Trainer:
     def _checkpointed(self) -> CheckpointedState:
         """The parts' components plus the loop's own: what a checkpoint saves, by name and file."""
         states = self.parts.states()
-        position = SamplerPosition(self.sampler, self.progress,
-                                   lambda step: self.consumed_in_epoch(step % self.steps_per_epoch))
-        states.replicated.update(schedule=self.schedule, progress=self.progress, sampler=position)
+        states.replicated.update(progress=self.progress, sampler=self.sampler)
         states.per_rank = {"rng": RngStreams(self.spec.run.seed, self.identity.rank, self.progress),
                            **states.per_rank}
         return states
@@ -175,29 +180,49 @@ class Trainer:
         return self.progress.step
 
     @property
+    def steps_per_epoch(self) -> int:
+        """Steps of a whole epoch at this segment's global batch."""
+        return self.sampler.steps_per_epoch
+
+    @property
     def total_steps(self) -> int:
-        total = self.steps_per_epoch * self.spec.optim.epochs
+        """Steps done plus those left at this segment's global batch, to the end of the last
+        epoch (or optim.max_steps, a cap on steps for tests)."""
+        progress, epochs = self.progress, self.spec.optim.epochs
+        left = 0 if progress.epoch >= epochs else (
+            self.sampler.steps_left(progress.consumed)
+            + (epochs - progress.epoch - 1) * self.steps_per_epoch)
+        total = progress.step + left
         return min(total, self.spec.optim.max_steps or total)
+
+    def _position_of_step(self, step: int) -> tuple[int, int, int]:
+        """(epoch, consumed, samples) after `step` steps of this global batch: the position of a
+        checkpoint from before samples were counted, which resumes at its own world size."""
+        epoch, in_epoch = divmod(step, self.steps_per_epoch)
+        return epoch, in_epoch * self.spec.samples_per_step, step * self.spec.samples_per_step
 
     def train_steps(self, count: int) -> None:
         """`count` more optimizer steps (fewer at total_steps), across epoch ends: fit()'s loop
         without its start and end (`bench train` calls it alone)."""
         until = min(self.step + count, self.total_steps)
         while self.step < until:
-            epoch, done_in_epoch = divmod(self.step, self.steps_per_epoch)
-            self.train_epoch(epoch, done_in_epoch, until)
+            self.train_epoch(until)
 
     def fit(self) -> None:
         """Train to total_steps, resuming from the latest checkpoint; raises StopForRequeue."""
         self.heartbeat.progress(phase=Phase.RESUMING)
-        resumed = self.checkpoints.resume()
+        self.checkpoints.resume()
         self._open_tensorboard()
-        if self.identity.is_main and not resumed:
-            # The event's field keeps its name `global_batch`: run directories are a file format.
+        if self.identity.is_main:
+            # Every segment: a resume on other ranks derives other steps. The field keeps its
+            # name `global_batch`: run directories are a file format.
+            progress = self.progress
             events.try_record(self.paths, events.training_started(
                 total_steps=self.total_steps, steps_per_epoch=self.steps_per_epoch,
                 world_size=self.identity.size, global_batch=self.spec.samples_per_step,
-                peak_lr=self.spec.scaled_lr, device=str(self.device)))
+                peak_lr=self.spec.scaled_lr, device=str(self.device), step=progress.step,
+                epoch=progress.epoch, consumed=progress.consumed, samples=progress.samples,
+                epoch_samples=self.epoch_samples))
         self.train_steps(self.total_steps - self.step)
         self.checkpoints.save("final")
         self.checkpoints.finish_writes()
@@ -224,10 +249,6 @@ class Trainer:
         if self.tensorboard is not None:
             self.tensorboard.close()
 
-    def consumed_in_epoch(self, steps_in_epoch: int) -> int:
-        """Global samples of the epoch's order trained by `steps_in_epoch` optimizer steps."""
-        return steps_in_epoch * self.spec.parallel.accumulation * self.sampler.samples_per_pass
-
     def _micro_batches(self, batches):
         accumulation = self.spec.parallel.accumulation
         group = []
@@ -237,16 +258,21 @@ class Trainer:
                 yield group
                 group = []
 
-    def train_epoch(self, epoch: int, done_in_epoch: int, until: int) -> None:
-        """The rest of `epoch` from step `done_in_epoch` on, up to step `until`: the sampler
-        skips what was trained."""
-        self.sampler.set_epoch(epoch, self.consumed_in_epoch(done_in_epoch))
+    def train_epoch(self, until: int) -> None:
+        """The rest of the current epoch from its position, up to step `until`: the sampler
+        skips what was trained. At the epoch's end the position moves to the next epoch before
+        the checkpoint, which then says where the next step starts."""
+        progress = self.progress
+        epoch = progress.epoch
+        self.sampler.set_epoch(epoch, progress.consumed)
+        steps_left = self.sampler.steps_left(progress.consumed)
+        self.ledger.start(self.sampler)
         self.model.train()
         window = Window()
         steps = self._micro_batches(self.train_loader)
-        for in_epoch in range(done_in_epoch, self.steps_per_epoch):
+        for left in range(steps_left, 0, -1):
             if self.step >= until:
-                break
+                return
             # The step this rank works on: a rank stuck between steps stays behind the others,
             # which wait for it inside the next one (the watchdog names it that way).
             self.heartbeat.progress(step=self.step + 1, phase=Phase.DATA)
@@ -256,19 +282,24 @@ class Trainer:
             data_seconds = time.perf_counter() - fetch_start
             self.clock.mark("data")
             self.heartbeat.progress(phase=Phase.TRAIN)
-            lr = self.schedule.apply(self.optimizer, self.step)
+            reached = progress.position(self.epoch_samples) + progress.samples_per_step
+            lr = self.schedule.apply(self.optimizer, reached)
             loss, applied = self.parts.train_step(micro_batches, self.clock)
-            self.progress.step += 1
+            progress.advance()
+            self.ledger.record(lr, reached, progress.samples_per_step)
             self.faults.at_step(self.step)
             window.add(loss, data_seconds, applied)
+            if left == 1:
+                progress.next_epoch()
             if self.step % self.spec.log.every_steps == 0 or self.step == self.total_steps:
                 self._log(epoch, lr, window)
                 window = Window()
-            epoch_end = in_epoch == self.steps_per_epoch - 1
-            if epoch_end and self.val_loader is not None:
+            if left == 1 and self.val_loader is not None:
                 self.evaluate(epoch)
-            self.checkpoints.after_step(epoch_end)
+            self.checkpoints.after_step(left == 1)
             self.clock.mark("end")
+        if steps_left == 0:     # resumed at another global batch: the rest fills no step of it
+            progress.next_epoch()
 
     def _log(self, epoch: int, lr: float, window: Window) -> None:
         # One small collective per logged step: the mean loss over the ranks that compute one.
@@ -279,7 +310,7 @@ class Trainer:
             return
         rates = throughput(self.spec, window.steps, elapsed)
         record = {
-            "time": time.time(), "step": self.step, "epoch": epoch,
+            "time": time.time(), "step": self.step, "epoch": epoch, "samples": self.progress.samples,
             "loss": summed[0].item() / summed[1].item(), "lr": lr, **rates,
             "step_time": elapsed / window.steps, "data_time": window.data_seconds / window.steps,
             "loss_scale": self.precision.loss_scale, "skipped_steps": window.skipped,

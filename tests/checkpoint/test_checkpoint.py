@@ -99,3 +99,15 @@ def test_spec_change_guard_lists_keys():
     with pytest.raises(CheckpointError, match="optim.base_lr"):
         check_spec(saved, current, allowed=False)
     assert check_spec(saved, current, allowed=True) == ["optim.base_lr"]
+
+
+def test_a_key_added_since_the_checkpoint_counts_as_its_default():
+    from hpc_train.spec import spec_from_dict, spec_to_dict
+
+    current = spec_to_dict(spec_from_dict({"run": {"name": "a"}}))
+    saved = {**current, "parallel": {k: v for k, v in current["parallel"].items()
+                                     if k != "keep_global_batch"}}
+    assert check_spec(saved, current, allowed=False) == []
+    changed = {**current, "parallel": {**current["parallel"], "keep_global_batch": True}}
+    with pytest.raises(CheckpointError, match="parallel.keep_global_batch"):
+        check_spec(current, changed, allowed=False)

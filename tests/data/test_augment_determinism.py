@@ -82,12 +82,13 @@ def test_resumed_epoch_equals_the_tail_of_the_uninterrupted_one(shards):
     train.sampler.set_epoch(2)
     uninterrupted = list(train)
     done = 3                                                # batches trained before the stop
-    state = train.sampler.state_dict(train.sampler.consumed_after(done))
+    state = train.sampler.state_dict()
     # Resumed on 2 ranks of 2 samples (same 4 samples per pass), each with 2 persistent workers.
     ranks = []
     for rank in range(2):
         resumed, _ = loaders(shards, workers=2, batch=2, rank=rank, world=2)
-        resumed.sampler.load_state_dict(state)
+        resumed.sampler.load_state_dict(state)                  # the same data: accepted
+        resumed.sampler.set_epoch(2, done * 4)                  # the trainer's position
         ranks.append(list(resumed))
     tail = uninterrupted[done:]
     assert len(ranks[0]) == len(ranks[1]) == len(tail) > 0

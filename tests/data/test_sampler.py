@@ -71,39 +71,64 @@ def test_interrupted_epoch_resumes_exactly():
     num_samples, world, batch = 1000, 2, 8
     full = _epoch(num_samples, world, batch, epoch=5)
     done = 7                                                   # batches trained before the stop
-    states = []
     for rank in range(world):
         s = ResumableBlockSampler(num_samples, rank, world, batch, seed=3, block_size=16)
         s.set_epoch(5)
         it = iter(s)
         [next(it) for _ in range(done * batch + 13)]           # prefetch ran ahead: irrelevant
-        states.append(s.state_dict(s.consumed_after(done)))
-    assert states[0] == states[1] == {"epoch": 5, "consumed": done * world * batch, "seed": 3,
-                                      "block_size": 16, "num_samples": num_samples}
-    for rank in range(world):
         fresh = ResumableBlockSampler(num_samples, rank, world, batch, seed=3, block_size=16)
-        fresh.load_state_dict(states[rank])
+        fresh.load_state_dict(s.state_dict())
+        fresh.set_epoch(5, done * world * batch)               # the trainer's position
         rest = [key.index for key in fresh]
         assert len(fresh) == len(rest)
         assert full[rank][:done * batch] + rest == full[rank]
 
 
-def test_resume_with_another_world_size_repeats_and_skips_nothing():
-    num_samples = 1000
-    before = _epoch(num_samples, world=4, batch=8)             # 32 samples per pass
-    done = 10
-    consumed = done * 32
-    after = _epoch(num_samples, world=2, batch=16, consumed=consumed)   # same samples per pass
-    trained = sum((p[:done * 8] for p in before), []) + sum(after, [])
+def _trained(num_samples, segments, seed=3, epoch=0):
+    """The epoch's samples in the order their steps trained them, over segments of
+    (world, batch, passes_per_step, steps) (None: to the epoch's end), each going on from the
+    last one's position as the trainer does."""
+    trained, consumed = [], 0
+    for world, batch, passes, steps in segments:
+        samplers = [ResumableBlockSampler(num_samples, r, world, batch, passes_per_step=passes,
+                                          seed=seed, block_size=16) for r in range(world)]
+        for s in samplers:
+            s.set_epoch(epoch, consumed)
+        left = samplers[0].steps_left(consumed)
+        steps = left if steps is None else steps
+        parts = [[key.index for key in s] for s in samplers]
+        per_pass = world * batch
+        for step in range(steps):
+            for k in range(passes):                            # pass k of the step, rank by rank
+                at = (step * passes + k) * batch
+                trained += sum((p[at:at + batch] for p in parts), [])
+        consumed += steps * per_pass * passes
+    return trained, consumed
+
+
+@pytest.mark.parametrize("segments", [
+    [(2, 32, 1, 20), (4, 32, 1, None)],            # 64 -> 128 samples per step
+    [(2, 32, 1, 20), (1, 32, 1, None)],            # 64 -> 32
+    [(2, 32, 1, 20), (1, 32, 2, None)],            # 64 kept by accumulation 2
+    [(4, 8, 1, 5), (3, 5, 2, 7), (2, 16, 1, None)],
+])
+def test_resume_at_another_global_batch_goes_on_in_the_same_order(segments):
+    """Nothing repeated, nothing skipped: the steps trained are a prefix of the epoch's order,
+    and the tail left out is smaller than one step of the segment that ends the epoch."""
+    num_samples = 3000
+    trained, consumed = _trained(num_samples, segments)
     order = block_order(num_samples, 3, 0, 16).tolist()
-    assert sorted(trained) == sorted(order[:num_samples // 32 * 32])
-    assert len(set(trained)) == len(trained)
+    assert trained == order[:len(trained)] and len(trained) == consumed
+    world, batch, passes, _ = segments[-1]
+    assert 0 <= num_samples - consumed < world * batch * passes
 
 
 def test_rank_batches_drops_only_the_tail():
     order = np.arange(23)
     assert rank_batches(order, 1, 2, 3).tolist() == [3, 4, 5, 9, 10, 11, 15, 16, 17]
     assert rank_batches(order, 0, 2, 3, consumed=12).tolist() == [12, 13, 14]
+    # Steps of two passes: the third pass does not make a step, so it is left out.
+    assert rank_batches(order, 1, 2, 3, passes_per_step=2).tolist() == [3, 4, 5, 9, 10, 11]
 
 
 class KeyEcho(torch.utils.data.Dataset):
@@ -119,14 +144,16 @@ class KeyEcho(torch.utils.data.Dataset):
 def test_loader_length_and_epoch_change():
     s = ResumableBlockSampler(100, 0, 2, 5, block_size=8)
     loader = DataLoader(KeyEcho(), batch_size=5, sampler=s, drop_last=True)
-    assert len(loader) == s.batches_per_epoch == 10
-    assert s.samples_per_pass == 2 * 5 and s.consumed_after(3) == 30   # one batch on each rank
+    assert len(loader) == s.steps_per_epoch == 10
+    assert s.samples_per_pass == s.samples_per_step == 2 * 5 and s.steps_left(30) == 7
     s.set_epoch(0, consumed=30)
-    assert len(loader) == 7 and s.batches_per_epoch == 10
+    assert len(loader) == 7 and s.steps_per_epoch == 10
     assert sum(len(b) for b in loader) == 35
     s.set_epoch(1)
     batches = list(loader)
     assert len(batches) == 10 and all((b[:, 0] == 1).all() for b in batches)   # epoch reaches it
+    accumulating = ResumableBlockSampler(100, 0, 2, 5, passes_per_step=3)
+    assert (accumulating.samples_per_step, accumulating.steps_per_epoch, len(accumulating)) == (30, 3, 45)
 
 
 def test_a_plain_index_is_epoch_zero():
@@ -136,11 +163,11 @@ def test_a_plain_index_is_epoch_zero():
 
 def test_state_from_other_data_is_refused():
     s = ResumableBlockSampler(100, 0, 1, 10)
-    state = s.state_dict(20)
+    state = s.state_dict()
     other = ResumableBlockSampler(101, 0, 1, 10)
     with pytest.raises(DataError, match="num_samples=100, this run has 101"):
         other.load_state_dict(state)
-    with pytest.raises(ValueError, match="do not fill one pass"):
+    with pytest.raises(ValueError, match="do not fill one step"):
         ResumableBlockSampler(10, 0, 4, 3)
 
 

@@ -9,6 +9,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from hpc_train import run_state
+from hpc_train.errors import CheckpointMismatch
 from hpc_train.launch.identity import RankInfo
 from hpc_train.parallel.layout import Parallelism, ParallelLayout
 from hpc_train.rundir import RunPaths
@@ -136,12 +138,53 @@ def test_checkpointing_saves_and_resumes_from_its_collaborators(tmp_path, write)
         states = CheckpointedState(replicated={"model": ModelWeights(model), "progress": progress})
         return Checkpointing(states, progress, spec, paths, RankInfo(), Alone(), heartbeat)
 
-    model, progress, beats = torch.nn.Linear(2, 1), Progress(step=7), Beats()
+    model, beats = torch.nn.Linear(2, 1), Beats()
+    progress = Progress(64, 1, None, step=7, epoch=1, consumed=128, samples=576)
     saving = checkpointing(model, progress, beats)
     saving.save("periodic")
     saving.finish_writes()
     assert [Phase.CHECKPOINT, Phase.SAVED] == beats.phases[:2]
 
-    fresh, fresh_progress = torch.nn.Linear(2, 1), Progress()
+    fresh, fresh_progress = torch.nn.Linear(2, 1), Progress(32, 1, None)
     assert checkpointing(fresh, fresh_progress, Beats()).resume()
-    assert fresh_progress.step == 7 and torch.equal(fresh.weight, model.weight)
+    assert torch.equal(fresh.weight, model.weight)
+    # The position goes on; this segment's global batch stays its own, the saved one is told.
+    assert (fresh_progress.step, fresh_progress.epoch, fresh_progress.consumed) == (7, 1, 128)
+    assert (fresh_progress.samples, fresh_progress.samples_per_step) == (576, 32)
+    assert fresh_progress.loaded["samples_per_step"] == 64
+    assert run_state.read(paths).last_save == {"step": 7, "epoch": 1, "consumed": 128,
+                                               "samples": 576, "samples_per_step": 64,
+                                               "world_size": 1}
+
+
+class StepsOnly:
+    """The progress of a checkpoint from before samples were counted: the step alone."""
+
+    def __init__(self, step):
+        self.step = step
+
+    def state_dict(self):
+        return {"step": self.step}
+
+    def load_state_dict(self, state):
+        raise AssertionError("not loaded")
+
+
+def test_a_step_based_checkpoint_resumes_at_its_own_world_size_only(tmp_path):
+    spec = spec_from_dict({"run": {"name": "t"}, "checkpoint": {"write": "sync"}})
+    paths = RunPaths(tmp_path)
+
+    def checkpointing(progress, saved=None):
+        states = CheckpointedState(replicated={"progress": saved or progress})
+        return Checkpointing(states, progress, spec, paths, RankInfo(), Alone(), Beats())
+
+    # 50 steps of 64 samples, 46 steps per epoch: epoch 1, 4 steps in.
+    checkpointing(Progress(64, 1, None, step=50), saved=StepsOnly(50)).save("periodic")
+    derived = Progress(64, 1, lambda step: (step // 46, step % 46 * 64, step * 64))
+    assert checkpointing(derived).resume()
+    assert (derived.step, derived.epoch, derived.consumed, derived.samples) == (50, 1, 256, 3200)
+
+    meta = next(paths.checkpoints.glob("step-*")) / "meta.json"
+    meta.write_text(meta.read_text().replace('"world_size": 1', '"world_size": 2'))
+    with pytest.raises(CheckpointMismatch, match="resumes only on its own 2 ranks, not 1"):
+        checkpointing(Progress(64, 1, None)).resume()
