@@ -7,9 +7,11 @@ login node, even with Slurm accounting off (the files and events: docs/run-direc
 from __future__ import annotations
 
 import errno
+import itertools
 import json
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -135,19 +137,29 @@ class RunPaths:
     @classmethod
     def new(cls, run_root: str | Path, name: str, now: datetime | None = None) -> RunPaths:
         """A fresh `<root>/<name>-<YYYYmmdd-HHMMSS>[-N]` directory, created here."""
-        stamp = (now or datetime.now()).strftime("%Y%m%d-%H%M%S")
-        base = Path(run_root).resolve() / f"{name}-{stamp}"
-        candidate, n = base, 1
-        while True:
-            try:
-                candidate.mkdir(parents=True)
-                break
-            except FileExistsError:
-                n += 1
-                candidate = base.with_name(f"{base.name}-{n}")
-        paths = cls(candidate)
+        paths = cls(new_stamped_dir(run_root, name, now=now))
         paths.make_dirs()
         return paths
+
+
+def _make_new(path: Path) -> bool:
+    path.mkdir(parents=True)
+    return True
+
+
+def new_stamped_dir(root: str | Path, name: str, claim: Callable[[Path], bool] = _make_new,
+                    now: datetime | None = None) -> Path:
+    """The first `<root>/<name>-<YYYYmmdd-HHMMSS>[-N]` that `claim` takes: it creates what it
+    needs there, exclusively, and says False (or raises FileExistsError) when it is taken."""
+    stamp = (now or datetime.now()).strftime("%Y%m%d-%H%M%S")
+    base = Path(root).resolve() / f"{name}-{stamp}"
+    for n in itertools.count(1):
+        candidate = base if n == 1 else base.with_name(f"{base.name}-{n}")
+        try:
+            if claim(candidate):
+                return candidate
+        except FileExistsError:
+            pass
 
 
 def write_atomic(path: Path, data: bytes) -> None:

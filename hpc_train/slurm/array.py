@@ -19,7 +19,7 @@ from pathlib import Path
 
 from hpc_train import events
 from hpc_train.errors import SpecError, SubmitError
-from hpc_train.rundir import RunPaths
+from hpc_train.rundir import RunPaths, new_stamped_dir
 from hpc_train.slurm.options import Options
 from hpc_train.slurm.script import run_options, script_parts
 from hpc_train.slurm.submit import slurm_executor, with_options
@@ -47,21 +47,14 @@ def member_job(job_id: str, index: int) -> str:
 def new_prefix(root: str | Path, name: str, count: int, now: datetime | None = None) -> Path:
     """A prefix whose member directories 0..count-1 are all new; they are created here (the
     first one exclusively, so two sweeps started in the same second do not share a prefix)."""
-    stamp = (now or datetime.now()).strftime("%Y%m%d-%H%M%S")
-    base = Path(root).resolve() / f"{name}-{stamp}"
-    candidate, n = base, 1
-    while True:
-        try:
-            member_dir(candidate, 0).mkdir(parents=True)
-            if not any(member_dir(candidate, k).exists() for k in range(1, count)):
-                break
-        except FileExistsError:
-            pass
-        n += 1
-        candidate = base.with_name(f"{base.name}-{n}")
+    def free(prefix: Path) -> bool:
+        member_dir(prefix, 0).mkdir(parents=True)
+        return not any(member_dir(prefix, k).exists() for k in range(1, count))
+
+    prefix = new_stamped_dir(root, name, free, now)
     for k in range(count):
-        RunPaths(member_dir(candidate, k)).make_dirs()
-    return candidate
+        RunPaths(member_dir(prefix, k)).make_dirs()
+    return prefix
 
 
 def array_range(indices: list[int], parallelism: int) -> str:
