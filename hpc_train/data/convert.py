@@ -48,7 +48,6 @@ class WriterSummary:
     images: int = 0
     skipped_images: int = 0
     seconds: float = 0.0
-    manifest_written: bool = False
 
 
 # ---- pure planning -------------------------------------------------------------------------
@@ -247,7 +246,6 @@ def convert(opts: ConvertOptions, env: Mapping[str, str] | None = None, out=None
     _print_summary(summary, listing, out)
     if rank == 0:
         manifest = try_write_manifest(opts, split_dir, listing, len(shards))
-        summary.manifest_written = manifest is not None
         if manifest is not None:
             print(f"manifest: {split_dir / mf.MANIFEST} ({manifest['num_samples']} samples in "
                   f"{len(shards)} shards, {manifest['num_skipped']} skipped)", file=out)
@@ -264,12 +262,10 @@ def _print_summary(s: WriterSummary, listing, out) -> None:
           f"{s.shards_skipped} already done; {s.images} images in {s.seconds:.1f} s "
           f"({rate:.0f} img/s); {s.skipped_images} unreadable skipped", file=out, flush=True)
     if s.writer == 0:
-        notes = [f"{len(listing.unlabeled)} files without a label line",
-                 f"{len(listing.missing)} label lines without a file",
-                 f"{len(listing.ignored)} loose images outside class folders",
-                 f"{len(listing.empty_classes)} empty class folders"]
-        counts = [len(listing.unlabeled), len(listing.missing), len(listing.ignored),
-                  len(listing.empty_classes)]
-        shown = [n for n, c in zip(notes, counts) if c]
+        left_out = {"files without a label line": listing.unlabeled,
+                    "label lines without a file": listing.missing,
+                    "loose images outside class folders": listing.ignored,
+                    "empty class folders": listing.empty_classes}
+        shown = [f"{len(names)} {what}" for what, names in left_out.items() if names]
         if shown:
             print(f"note: {'; '.join(shown)} (listed in report.json)", file=out, flush=True)

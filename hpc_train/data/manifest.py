@@ -27,6 +27,14 @@ def shard_fingerprint(split: str, class_names: list[str], settings: dict,
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(8 << 20):
+            digest.update(block)
+    return digest.hexdigest()
+
+
 def read_sidecar(path: Path) -> dict | None:
     """The sidecar at path, or None when it is absent or half-written (treated as not done)."""
     try:
@@ -72,6 +80,15 @@ def listing_notes(listing) -> dict:
         notes[f"num_{name}"] = len(values)
         notes[name] = values[:1000]  # ImageNet-sized mismatches would bloat the report
     return notes
+
+
+def train_class_names(shard_root) -> list[str] | None:
+    """The class names of the train split under `shard_root`; None when its manifest cannot be
+    read from here."""
+    try:
+        return list(json.loads((Path(shard_root) / "train" / MANIFEST).read_text())["class_names"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def find_split_dirs(root: Path, split: str | None = None) -> list[Path]:

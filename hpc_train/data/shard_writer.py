@@ -7,7 +7,6 @@ or array task produces the same sha256 and the manifest is identical whoever wri
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import os
@@ -20,7 +19,7 @@ import h5py
 import numpy as np
 from PIL import Image
 
-from hpc_train.data.manifest import FORMAT_VERSION
+from hpc_train.data.manifest import FORMAT_VERSION, sha256_file
 # A broken image surfaces as any of these from open() or load(); Pillow has no common base.
 _DECODE_ERRORS = (OSError, SyntaxError, ValueError, EOFError, Image.DecompressionBombError)
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
@@ -109,14 +108,6 @@ def shard_name(index: int) -> str:
 
 def tmp_suffix() -> str:
     return f".tmp-{socket.gethostname()}-{os.getpid()}"
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _fsync_replace(tmp: Path, final: Path) -> None:

@@ -71,8 +71,6 @@ def verify_split(split_dir: Path) -> tuple[dict | None, list[str]]:
     """(manifest, problems) for one split folder; each problem names its file."""
     import h5py
 
-    from hpc_train.data.shard_writer import sha256_file
-
     try:
         manifest = mf.load_manifest(split_dir)
     except DataError as exc:
@@ -90,7 +88,7 @@ def verify_split(split_dir: Path) -> tuple[dict | None, list[str]]:
         size = path.stat().st_size
         if size != entry["bytes"]:
             problems.append(f"{path}: {size} bytes, manifest says {entry['bytes']}")
-        if sha256_file(path) != entry["sha256"]:
+        if mf.sha256_file(path) != entry["sha256"]:
             problems.append(f"{path}: sha256 differs from the manifest")
         try:
             with h5py.File(path, "r") as f:
