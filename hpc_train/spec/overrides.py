@@ -63,10 +63,12 @@ def _set_path(data: dict, parts: list[str], value: object) -> Problem | None:
     return None
 
 
+def under(key: str, keys) -> bool:
+    """Whether `key` is one of `keys` or inside one (`a.b` and `a[0]` are inside `a`)."""
+    return any(key == k or key.startswith((k + ".", k + "[")) for k in keys)
+
+
 def mark_overridden(problems: list[Problem], keys: set[str]) -> list[Problem]:
     """Label problems whose key came from --set, so the user looks at the command, not the file."""
-    def from_set(key: str) -> bool:
-        return any(key == k or key.startswith((k + ".", k + "[")) for k in keys)
-
     return [Problem(p.key + FROM_SET, p.given, p.rule, p.fix, p.severity)
-            if from_set(p.key) else p for p in problems]
+            if under(p.key, keys) else p for p in problems]
