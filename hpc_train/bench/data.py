@@ -36,12 +36,12 @@ from PIL import Image
 from hpc_train.data import decode
 from hpc_train.data.sampler import block_order
 from hpc_train.data.shard_dataset import ShardedImages
+from hpc_train.data.sources import IMAGE_EXTENSIONS
 from hpc_train.data.transforms import (IMAGENET_MEAN, IMAGENET_STD, TrainTransform, ValTransform,
                                        rrc_params, sample_rng, val_geometry)
 from hpc_train.errors import DataError
 from hpc_train.train.timing import Stopwatch, medians
 
-IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".webp"}
 MEMORY_CAP = 2048  # images held in memory for the ceiling (all workers get a copy)
 GPU_IMAGES_PER_S = 3000  # what one H100-class GPU trains ResNet-50 at in FP16 (the target)
 
@@ -51,7 +51,7 @@ def list_folder(src: Path) -> tuple[list[Path], list[int]]:
     classes = sorted(p.name for p in src.iterdir() if p.is_dir())
     files, labels = [], []
     for k, name in enumerate(classes):
-        found = sorted(p for p in (src / name).rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES)
+        found = sorted(p for p in (src / name).rglob("*") if p.suffix.lower() in IMAGE_EXTENSIONS)
         files += found
         labels += [k] * len(found)
     if not files:

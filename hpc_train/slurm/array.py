@@ -78,13 +78,10 @@ def array_driver_command(python: str, prefix: Path) -> str:
             + shlex.quote(f"{prefix}{MEMBER}") + '"${SLURM_ARRAY_TASK_ID}"')
 
 
-def _escape(path: Path) -> str:
-    return str(path).replace("%", "%%")    # sbatch reads % in --output as a pattern
-
-
 def member_outputs(prefix: Path) -> Options:
     """submitit's output/error for every task: the member's own submitit/ folder."""
-    folder = f"{_escape(prefix)}{MEMBER}%a/submitit/%A_%a_0_log"
+    escaped = str(prefix).replace("%", "%%")    # sbatch reads % in --output as a pattern
+    folder = f"{escaped}{MEMBER}%a/submitit/%A_%a_0_log"
     return {"output": f"{folder}.out", "error": f"{folder}.err"}
 
 
@@ -100,21 +97,22 @@ def _check_shared_options(specs: dict[int, JobSpec]) -> None:
                             "run.name and slurm.* for all members, not per member")
 
 
-def _array_parts(specs: dict[int, JobSpec], prefix: Path, python: str, parallelism: int,
-                 options: Options | None):
+def _array_job(specs: dict[int, JobSpec], prefix: Path, python: str, parallelism: int,
+               options: Options | None):
+    """(submitit's executor for the array, the driver line of its script)."""
     first = min(specs)
     _check_shared_options(specs)
     parts = script_parts(specs[first], RunPaths(member_dir(prefix, first)), python)
     parts = with_options(parts, {"array": array_range(list(specs), parallelism), **(options or {})})
-    return replace(parts, driver=array_driver_command(python, prefix)), first
+    driver = array_driver_command(python, prefix)
+    return slurm_executor(RunPaths(member_dir(prefix, first)), replace(parts, driver=driver),
+                          member_outputs(prefix)), driver
 
 
 def planned_array_script(specs: dict[int, JobSpec], prefix: Path, parallelism: int,
                          python: str = sys.executable, options: Options | None = None) -> str:
     """The script `submit_array` would hand to sbatch; nothing is created."""
-    parts, first = _array_parts(specs, prefix, python, parallelism, options)
-    executor = slurm_executor(RunPaths(member_dir(prefix, first)), parts, member_outputs(prefix))
-    return script_text(executor, parts.driver)
+    return script_text(*_array_job(specs, prefix, python, parallelism, options))
 
 
 def submit_array(specs: dict[int, JobSpec], prefix: Path, parallelism: int,
@@ -123,10 +121,8 @@ def submit_array(specs: dict[int, JobSpec], prefix: Path, parallelism: int,
     """Submit members `specs` (index -> spec, each spec.yaml already in its run directory) as
     one array; records `submitted` (`resubmitted` when `again`) in each member's events with its
     `<array>_<index>` id."""
-    parts, first = _array_parts(specs, prefix, python, parallelism, options)
-    executor = slurm_executor(RunPaths(member_dir(prefix, first)), parts, member_outputs(prefix))
     try:
-        job = submit_command(executor, parts.driver)
+        job = submit_command(*_array_job(specs, prefix, python, parallelism, options))
     except Exception as exc:  # submitit raises plain errors for sbatch failures
         for index in specs:
             events.try_record(RunPaths(member_dir(prefix, index)), events.submit_failed(str(exc)))

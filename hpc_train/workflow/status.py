@@ -149,7 +149,7 @@ def _train(paths, name, record, history, rows) -> StageStatus:
         arrays = sorted({job.split("_")[0] for job in jobs.values()}, key=int)
         return StageStatus(name, "train", state, arrays, _elapsed(members),
                            record.get("best_by"), None if best is None else members[best].metric,
-                           _first(m.reason for m in members),
+                           next((m.reason for m in members if m.reason), ""),
                            failed and f"member {failed.index}: {failed.failure}",
                            [m["run_dir"] for m in record["members"]], members, best)
     run_dir = record["run_dirs"][0]
@@ -160,10 +160,6 @@ def _train(paths, name, record, history, rows) -> StageStatus:
                        "val.accuracy", metric_value(metrics, "val.accuracy"), _reason(found, state),
                        run_failure(run_dir) if state in BAD and state != "CANCELLED" else None,
                        [run_dir])
-
-
-def _first(texts) -> str:
-    return next((t for t in texts if t), "")
 
 
 def _script_stage(paths, name, record, history, rows, local: bool) -> StageStatus:
