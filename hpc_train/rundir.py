@@ -162,6 +162,15 @@ def new_stamped_dir(root: str | Path, name: str, claim: Callable[[Path], bool] =
             pass
 
 
+def fsync_path(path: Path) -> None:
+    """Make a file's data, or a directory's entries (a rename into it), durable."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def write_atomic(path: Path, data: bytes) -> None:
     """Write `path` whole or not at all: a temporary file beside it, fsynced, renamed over it.
     A reader (a workflow checking for the file) never sees half of it."""

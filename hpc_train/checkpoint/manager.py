@@ -29,18 +29,11 @@ import torch
 from hpc_train.checkpoint import layout
 from hpc_train.checkpoint.retention import steps_to_delete
 from hpc_train.errors import CheckpointError
+from hpc_train.rundir import fsync_path
 
 log = logging.getLogger("hpc_train.checkpoint")
 # What torch.load raises on a missing, truncated or foreign file (weights_only refusals included).
 _LOAD_ERRORS = (OSError, RuntimeError, ValueError, EOFError, pickle.UnpicklingError)
-
-
-def _fsync_path(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _save_file(obj, path: Path) -> None:
@@ -58,7 +51,7 @@ def remove_checkpoint(directory: Path) -> None:
     longer counts as complete, never one that counts but lacks its weights."""
     try:
         (directory / layout.MARKER).unlink()
-        _fsync_path(directory)
+        fsync_path(directory)
     except FileNotFoundError:
         pass
     shutil.rmtree(directory, ignore_errors=True)
@@ -119,13 +112,13 @@ class CheckpointManager:
             (tmp / layout.META).write_text(json.dumps({**meta, "step": step,
                                                        "world_size": self.world_size,
                                                        "time": time.time()}, indent=1))
-            _fsync_path(tmp / layout.META)
-            _fsync_path(tmp)
+            fsync_path(tmp / layout.META)
+            fsync_path(tmp)
             os.replace(tmp, final)
             marker = final / layout.MARKER
             marker.write_text(f"{step}\n")
-            _fsync_path(marker)
-            _fsync_path(self.root)
+            fsync_path(marker)
+            fsync_path(self.root)
             self._apply_retention()
         return final
 
@@ -162,7 +155,7 @@ class CheckpointManager:
         target = self.root / layout.unloadable_dir_name(step)
         shutil.rmtree(target, ignore_errors=True)
         os.replace(self.root / layout.step_dir_name(step), target)
-        _fsync_path(self.root)
+        fsync_path(self.root)
         return target
 
     def load(self, step: int | None = None) -> tuple[dict, dict | None, dict]:

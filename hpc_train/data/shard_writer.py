@@ -20,6 +20,7 @@ import numpy as np
 from PIL import Image
 
 from hpc_train.data.manifest import FORMAT_VERSION, sha256_file
+from hpc_train.rundir import fsync_path
 # A broken image surfaces as any of these from open() or load(); Pillow has no common base.
 _DECODE_ERRORS = (OSError, SyntaxError, ValueError, EOFError, Image.DecompressionBombError)
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
@@ -111,17 +112,9 @@ def tmp_suffix() -> str:
 
 
 def _fsync_replace(tmp: Path, final: Path) -> None:
-    fd = os.open(tmp, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    fsync_path(tmp)
     os.replace(tmp, final)
-    dir_fd = os.open(final.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)  # make the rename itself durable
-    finally:
-        os.close(dir_fd)
+    fsync_path(final.parent)  # make the rename itself durable
 
 
 def write_text_atomic(path: Path, text: str) -> None:
