@@ -1,8 +1,18 @@
-"""argparse value types shared by the command groups (no heavy imports)."""
+"""What the command groups share (no heavy imports): argparse value types, and `add_command`."""
 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
+
+
+def add_command(commands: argparse._SubParsersAction, name: str,
+                handler: Callable[[argparse.Namespace], int], **options) -> argparse.ArgumentParser:
+    """The parser of command `name` (`options`: add_parser's help, description); the CLI runs
+    `handler(args)` when it is chosen."""
+    parser = commands.add_parser(name, **options)
+    parser.set_defaults(handler=handler)
+    return parser
 
 
 def positive_int(text: str) -> int:

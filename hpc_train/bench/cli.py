@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib
 
-from hpc_train.argtypes import positive_float, positive_int
+from hpc_train.argtypes import add_command, positive_float, positive_int
 
 
 def _runs(module: str):
@@ -18,8 +18,9 @@ def _runs(module: str):
 
 
 def _add_data(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "data", help="input pipeline images/s: ours (shards) vs. the torchvision recipe vs. our ceiling",
+    p = add_command(
+        sub, "data", _runs("data"),
+        help="input pipeline images/s: ours (shards) vs. the torchvision recipe vs. our ceiling",
         description="Measure, in one run and in alternating rounds, the images/s through the same "
                     "DataLoader settings of: the torchvision recipe on a folder of JPEG files "
                     "(Pillow, float32; the baseline), our decode + transform on the same files, on "
@@ -54,12 +55,11 @@ def _add_data(sub: argparse._SubParsersAction) -> None:
                         "device) or normalised float32 (the baseline is always float32)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
-    p.set_defaults(handler=_runs("data"))
 
 
 def _add_checkpoint(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "checkpoint", help="checkpoint save time: ours (atomic) vs. a bare torch.save",
+    p = add_command(
+        sub, "checkpoint", _runs("checkpoint"), help="checkpoint save time: ours (atomic) vs. a bare torch.save",
         description="Save the same training state with the checkpoint manager (temporary "
                     "directory, fsync, rename, marker) and with one torch.save, in alternating "
                     "rounds; report the medians and their ratio.")
@@ -68,24 +68,23 @@ def _add_checkpoint(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dir", metavar="DIR", help="where to write (default: the system temp dir); "
                    "use the file system your checkpoints live on")
     p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.set_defaults(handler=_runs("checkpoint"))
 
 
 def _add_inspect(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "inspect", help="status and logs on a synthetic run (8 ranks, 10,000 metric lines)",
+    p = add_command(
+        sub, "inspect", _runs("inspect"), help="status and logs on a synthetic run (8 ranks, 10,000 metric lines)",
         description="Write a synthetic finished run directory in a temporary directory, then time "
                     "`status` and `logs` in-process and as subprocesses (median of --rounds).")
     p.add_argument("--ranks", type=positive_int, default=8, metavar="N", help="ranks (8)")
     p.add_argument("--metric-lines", type=positive_int, default=10_000, metavar="N", help="(10000)")
     p.add_argument("--rounds", type=positive_int, default=5, metavar="N", help="rounds each (5)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.set_defaults(handler=_runs("inspect"))
 
 
 def _add_pipeline(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "pipeline", help="pipeline bubble vs. (K-1)/(M+K-1), step time, stage memory with/without remat",
+    p = add_command(
+        sub, "pipeline", _runs("pipeline"),
+        help="pipeline bubble vs. (K-1)/(M+K-1), step time, stage memory with/without remat",
         description="Start K ranks on this host with mpirun, one per pipeline stage of a GPT model; "
                     "for each micro-batch count M (the global batch fixed) and remat off/on, time "
                     "steps and report the measured bubble (1 - busy/schedule time, mean over stages) "
@@ -108,12 +107,12 @@ def _add_pipeline(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--threads", type=positive_int, default=None, metavar="N",
                    help="torch threads per rank on CPU (default: cores / stages)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.set_defaults(handler=_runs("pipeline"))
 
 
 def _add_train(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "train", help="images/s of the spec's model: DDP vs Horovod vs FP16, trainer vs bare loop, "
+    p = add_command(
+        sub, "train", _runs("train"),
+        help="images/s of the spec's model: DDP vs Horovod vs FP16, trainer vs bare loop, "
                       "allreduce vs raw MPI, and where each step's time goes",
         description="Run the spec's model under each configuration of a matrix (default: ddp and "
                     "horovod; fp32 and fp16; fp16 compression for horovod; 1 rank and the whole "
@@ -154,12 +153,11 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
                    help="run a prepared bench directory (what the --submit job runs)")
     p.add_argument("--gpu-protocol", action="store_true", help="run `bench gpu` instead")
     p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.set_defaults(handler=_runs("train"))
 
 
 def _add_gpu(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "gpu", help="the GPU protocol: ResNet-50 FP16/BF16 images/s per GPU, synthetic and from "
+    p = add_command(
+        sub, "gpu", _runs("gpu"), help="the GPU protocol: ResNet-50 FP16/BF16 images/s per GPU, synthetic and from "
                     "HDF5 shards, in under 8 minutes",
         description="On a CUDA machine: ResNet-50 with channels_last in a bare loop over DDP "
                     "(NCCL), FP16 then BF16, on one batch made on the GPU; Horovod FP16 too when "
@@ -186,7 +184,6 @@ def _add_gpu(sub: argparse._SubParsersAction) -> None:
                    help="cpu: the same code path on the CPU, for tests")
     p.add_argument("--no-horovod", action="store_true", help="skip Horovod even if built with CUDA")
     p.add_argument("--json", action="store_true", help="print the JSON")
-    p.set_defaults(handler=_runs("gpu"))
 
 
 def register(commands: argparse._SubParsersAction) -> None:
