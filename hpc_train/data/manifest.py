@@ -111,16 +111,20 @@ def find_split_dirs(root: Path, split: str | None = None) -> list[Path]:
 
 
 def load_manifest(split_dir: Path) -> dict:
+    """The split's manifest.json, of the format this code reads."""
     path = split_dir / MANIFEST
-    if not path.exists():
-        done = len(list(split_dir.glob("shard-*.h5.json")))
-        raise DataError(f"{path}: missing; the conversion is incomplete ({done} shard sidecars "
-                        "present). Rerun `data shard` with the same arguments to finish it")
     try:
         manifest = json.loads(path.read_text())
-    except ValueError as exc:
-        raise DataError(f"{path}: not valid JSON ({exc})") from exc
-    if manifest.get("format_version") != FORMAT_VERSION:
-        raise DataError(f"{path}: format_version {manifest.get('format_version')!r}, "
-                        f"this code reads {FORMAT_VERSION}")
+    except FileNotFoundError:
+        done = len(list(split_dir.glob("shard-*.h5.json")))
+        raise DataError(f"{path} is missing: the split is incomplete (the converter writes the "
+                        f"manifest last; {done} shard sidecars present: rerun `data shard` with the "
+                        "same arguments to finish it) or the path is wrong") from None
+    except (OSError, ValueError) as exc:
+        raise DataError(f"{path} is unreadable: {exc}") from None
+    version = manifest.get("format_version")
+    if version != FORMAT_VERSION:
+        raise DataError(f"{path}: format_version {version!r} is not supported (this reader "
+                        f"reads version {FORMAT_VERSION}); convert again with this version of "
+                        "hpc_train or upgrade it")
     return manifest
