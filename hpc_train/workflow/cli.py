@@ -14,6 +14,13 @@ def _warn(plan) -> None:
         print(f"warning: {warning}", file=sys.stderr)
 
 
+def _jobs(done, name: str) -> str:
+    """A stage's jobs as submitted to Slurm (`part id, ...`), or how it ended here (local)."""
+    if done.submitted:
+        return ", ".join(f"{part} {job}" for part, job in done.submitted[name].jobs.items())
+    return done.states.get(name, "-")
+
+
 def _validate(args: argparse.Namespace) -> int:
     from hpc_train.workflow.run import check, job_summary
 
@@ -44,11 +51,7 @@ def _run(args: argparse.Namespace) -> int:
     _warn(started.plan)
     print(f"workflow dir: {started.paths.root}")
     for name in started.plan.order:
-        if started.executor == "slurm":
-            jobs = ", ".join(f"{part} {job}" for part, job in started.submitted[name].jobs.items())
-        else:
-            jobs = started.states.get(name, "-")
-        print(f"  {name:<16} {started.plan.stages[name].kind:<9} {jobs}")
+        print(f"  {name:<16} {started.plan.stages[name].kind:<9} {_jobs(started, name)}")
     print(f"status: python -m hpc_train workflow status {started.paths.root}")
     failed = [n for n, s in started.states.items() if s != "COMPLETED"]
     return 1 if failed else 0
@@ -77,11 +80,7 @@ def _resume(args: argparse.Namespace) -> int:
         print("  nothing to submit")
         return 0
     for name in done.again:
-        if done.submitted:
-            jobs = ", ".join(f"{part} {job}" for part, job in done.submitted[name].jobs.items())
-        else:
-            jobs = done.states.get(name, "-")
-        print(f"  again: {name:<14} {jobs}")
+        print(f"  again: {name:<14} {_jobs(done, name)}")
     return 1 if any(s != "COMPLETED" for s in done.states.values()) else 0
 
 
