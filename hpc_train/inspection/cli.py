@@ -134,10 +134,7 @@ def _diagnose(args: argparse.Namespace) -> int:
     job_ids = events.job_ids(events.read(paths))
     slurm = scheduler.live_state(job_ids[-1]) if args.slurm and job_ids and args.run is None else None
     result = diagnose.diagnose(paths, args.run, slurm)
-    if args.json:
-        print(json.dumps(result.to_json(), indent=1))
-    else:
-        print(text.diagnosis_text(result))
+    print(json.dumps(result.to_json(), indent=1) if args.json else text.diagnosis_text(result))
     return 0
 
 
