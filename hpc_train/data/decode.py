@@ -90,9 +90,7 @@ class Encoded:
 
     def pixels(self, reduce: int = 1) -> np.ndarray:
         """uint8 RGB HxWx3, decoded at 1/`reduce` scale (sides rounded up, as libjpeg does)."""
-        if self._pillow_only:
-            return self._pillow(reduce)
-        return self._simplejpeg(reduce)
+        return self._pillow(reduce) if self._pillow_only else self._simplejpeg(reduce)
 
     def _simplejpeg(self, reduce: int) -> np.ndarray:
         if reduce == 1:

@@ -19,10 +19,9 @@ import h5py
 import numpy as np
 from PIL import Image
 
+from hpc_train.data.decode import DECODE_ERRORS
 from hpc_train.data.manifest import FORMAT_VERSION, sha256_file
 from hpc_train.rundir import fsync_path
-# A broken image surfaces as any of these from open() or load(); Pillow has no common base.
-_DECODE_ERRORS = (OSError, SyntaxError, ValueError, EOFError, Image.DecompressionBombError)
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 
 
@@ -56,7 +55,7 @@ def _decode(data: bytes) -> Image.Image:
     except Image.UnidentifiedImageError as exc:
         # Its message names a BytesIO address, which would make report.json differ run to run.
         raise BadImage("not a recognised image format") from exc
-    except _DECODE_ERRORS as exc:
+    except DECODE_ERRORS as exc:   # a broken image, as open() or load() report one
         raise BadImage(f"{type(exc).__name__}: {_ADDRESS.sub('', str(exc))}") from exc
 
 

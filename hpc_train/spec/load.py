@@ -138,9 +138,7 @@ def build_dataclass(cls: type, raw: dict, prefix: str, problems: list[Problem]) 
             if declared_by and kwargs[f.name] is not INVALID:
                 section = {g.name: kwargs.get(g.name, g.default) for g in fields}  # + defaults
                 kwargs[f.name] = _declared(declared_by(section), kwargs[f.name], key, problems)
-    if len(problems) > before:
-        return INVALID
-    return cls(**kwargs)
+    return INVALID if len(problems) > before else cls(**kwargs)
 
 
 def build_spec(data: dict, overrides: Iterable[str] = ()) -> tuple[JobSpec | None, list[Problem],
