@@ -6,6 +6,7 @@ login node, even with Slurm accounting off (the files and events: docs/run-direc
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import itertools
 import json
@@ -155,11 +156,9 @@ def new_stamped_dir(root: str | Path, name: str, claim: Callable[[Path], bool] =
     base = Path(root).resolve() / f"{name}-{stamp}"
     for n in itertools.count(1):
         candidate = base if n == 1 else base.with_name(f"{base.name}-{n}")
-        try:
+        with contextlib.suppress(FileExistsError):
             if claim(candidate):
                 return candidate
-        except FileExistsError:
-            pass
 
 
 def fsync_path(path: Path) -> None:
@@ -212,12 +211,10 @@ def append_jsonl(path: Path, record: dict) -> None:
 def _undo_append(fd: int, before: int, length: int) -> None:
     """Cut our torn line off, unless more than it was appended since (another writer's line:
     then leave it to readers, which skip lines that do not parse)."""
-    try:
+    with contextlib.suppress(OSError):
         size = os.fstat(fd).st_size
         if before < size <= before + length:
             os.ftruncate(fd, before)
-    except OSError:
-        pass
 
 
 def read_jsonl(path: Path) -> list[dict]:

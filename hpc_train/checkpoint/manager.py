@@ -15,6 +15,7 @@ A kill at any point leaves either no new directory, or one without its marker: b
 
 from __future__ import annotations
 
+import contextlib
 import json
 import pickle
 import logging
@@ -49,11 +50,9 @@ def _save_file(obj, path: Path) -> None:
 def remove_checkpoint(directory: Path) -> None:
     """Marker first (made durable), then the files: a kill half-way leaves a directory that no
     longer counts as complete, never one that counts but lacks its weights."""
-    try:
+    with contextlib.suppress(FileNotFoundError):
         (directory / layout.MARKER).unlink()
         fsync_path(directory)
-    except FileNotFoundError:
-        pass
     shutil.rmtree(directory, ignore_errors=True)
 
 

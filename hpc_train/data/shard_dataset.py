@@ -19,6 +19,7 @@ no checkpoint holds) goes in, so a resumed run draws the same crops for the same
 from __future__ import annotations
 
 import bisect
+import contextlib
 import os
 from collections import OrderedDict
 from pathlib import Path
@@ -146,10 +147,8 @@ class ShardedImages(Dataset):
         self._open = OrderedDict()
 
     def __del__(self):
-        try:
+        with contextlib.suppress(Exception):   # interpreter shutdown: h5py may already be gone
             self.close()
-        except Exception:  # interpreter shutdown: h5py may already be gone
-            pass
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()

@@ -4,6 +4,7 @@ imports only)."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import re
 import sys
@@ -117,12 +118,10 @@ def _logs(args: argparse.Namespace) -> int:
     paths = RunPaths(find_run(args.run_dir, Path(args.root)))
     ranks = None if args.all_ranks else [args.rank]
     prefix = args.all_ranks
-    try:
+    with contextlib.suppress(KeyboardInterrupt, BrokenPipeError):
         logs.write(logs.select(paths, ranks, args.run, args.grep), prefix)
         if args.follow:
             logs.follow(paths, ranks, args.grep, prefix)
-    except (KeyboardInterrupt, BrokenPipeError):
-        pass
     return 0
 
 
