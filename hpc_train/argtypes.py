@@ -1,8 +1,10 @@
-"""What the command groups share (no heavy imports): argparse value types, and `add_command`."""
+"""What the command groups share (no heavy imports): argparse value types, `add_command`, and
+`print_result` for a command's result."""
 
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Callable
 
 
@@ -13,6 +15,17 @@ def add_command(commands: argparse._SubParsersAction, name: str,
     parser = commands.add_parser(name, **options)
     parser.set_defaults(handler=handler)
     return parser
+
+
+def print_result(as_json: bool, document: str, table: Callable[[], None], text: Callable[[], str]) -> None:
+    """A result for machines (`document`, JSON text: --json), or for people: a rich `table()`
+    on a terminal, `text()` in a pipe or a job's output file."""
+    if as_json:
+        print(document)
+    elif sys.stdout.isatty():
+        table()
+    else:
+        print(text())
 
 
 def positive_int(text: str) -> int:

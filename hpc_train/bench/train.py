@@ -20,6 +20,7 @@ import shutil
 import sys
 from pathlib import Path
 
+from hpc_train.argtypes import print_result
 from hpc_train.bench import train_plan, train_report
 from hpc_train.bench.ranks import run_ranks
 from hpc_train.bench.train_rank import LAUNCH_ENV
@@ -177,11 +178,8 @@ def main(args) -> int:
               f"its output: {root / OUTPUT}")
         return 0
     report = run_prepared(root)
-    if args.json:
-        print(json.dumps(report, indent=1))
-    elif sys.stdout.isatty():
-        train_report.print_table(report)
-    else:  # a job's output file, a pipe: Markdown, as docs/benchmarks.md records it
-        print(train_report.markdown(report))
+    # A job's output file, a pipe: Markdown, as docs/benchmarks.md records it.
+    print_result(args.json, json.dumps(report, indent=1), lambda: train_report.print_table(report),
+                 lambda: train_report.markdown(report))
     print(f"report: {root / REPORT_MD}, {root / REPORT_JSON}, {root / REPORT_PNG}", file=sys.stderr)
     return 0

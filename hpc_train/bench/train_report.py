@@ -37,10 +37,8 @@ def config_row(config: dict, runs: list[dict]) -> dict:
     step = max(steps.values()) if steps else None
     parts = {part: statistics.fmean(_median([s[part] for s in found]) for found in per_rank.values() if found)
              for part in PARTS} if steps else {part: None for part in PARTS}
-    rounds = {}
-    for run in runs:
-        if run["rank"] == 0 and run["steps"]:
-            rounds[run["round"]] = _median([s["step"] for s in run["steps"]])
+    rounds = {run["round"]: _median([s["step"] for s in run["steps"]])
+              for run in runs if run["rank"] == 0 and run["steps"]}
     recorded = [run["recorded"] for run in runs]
     first = recorded[0] if recorded else {}
     samples = first.get("samples_per_step")

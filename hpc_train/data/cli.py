@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from hpc_train.argtypes import add_command, positive_int
+from hpc_train.argtypes import add_command, positive_int, print_result
 
 
 def _shard(args: argparse.Namespace) -> int:
@@ -58,14 +58,8 @@ def _info(args: argparse.Namespace) -> int:
     from hpc_train.data.verify import print_rich_info, render_info, split_info
 
     rows = [split_info(d) for d in find_split_dirs(Path(args.dir), args.split)]
-    if args.json:
-        print(json.dumps(rows, indent=1))
-        return 0
-    text = render_info(rows, tty=sys.stdout.isatty())
-    if text is None:
-        print_rich_info(rows, title=str(args.dir))
-    else:
-        print(text)
+    print_result(args.json, json.dumps(rows, indent=1), lambda: print_rich_info(rows, title=str(args.dir)),
+                 lambda: render_info(rows))
     return 0
 
 

@@ -127,10 +127,8 @@ def _human_bytes(n: int) -> str:
     return f"{n:.1f} TiB"
 
 
-def render_info(rows: list[dict], tty: bool) -> str | None:
-    """Plain text for pipes; None means 'print a rich table' (done by the caller on a tty)."""
-    if tty:
-        return None
+def render_info(rows: list[dict]) -> str:
+    """Plain text for pipes (a terminal gets print_rich_info's table)."""
     lines = []
     for r in rows:
         if not r["complete"]:
