@@ -125,8 +125,7 @@ def build_dataclass(cls: type, raw: dict, prefix: str, problems: list[Problem]) 
             continue
         value = raw[f.name]
         if is_section:
-            if value is None:  # `optim:` with everything under it commented out
-                value = {}
+            value = {} if value is None else value   # `optim:` with everything under it commented out
             if not isinstance(value, dict):
                 problems.append(value_problem(key, value, "a section must be a mapping of keys",
                                               f"indent 'key: value' lines under '{f.name}:'"))

@@ -203,8 +203,7 @@ def _stage(name: str, raw: Any, defaults, problems: list[Problem]):
 
 
 def _section(cls: type, raw: Any, key: str, problems: list[Problem]):
-    if raw is None:
-        raw = {}
+    raw = {} if raw is None else raw
     if not isinstance(raw, dict):
         problems.append(value_problem(key, raw, "must be a mapping of keys", f"indent 'key: value' "
                                       f"lines under {key.rsplit('.', 1)[-1]}:"))
