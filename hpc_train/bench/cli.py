@@ -8,19 +8,15 @@ import importlib
 from hpc_train.argtypes import add_command, positive_float, positive_int
 
 
-def _runs(module: str):
-    """The handler of one benchmark: imports hpc_train.bench.<module> (torch and all) only when
-    that benchmark runs, so building the parser stays light."""
-    def handler(args: argparse.Namespace) -> int:
-        return importlib.import_module(f"hpc_train.bench.{module}").main(args)
-
-    return handler
+def _bench(args: argparse.Namespace) -> int:
+    """Run the chosen benchmark: hpc_train.bench.<its name> (torch and all) is imported only
+    now, so building the parser stays light."""
+    return importlib.import_module(f"hpc_train.bench.{args.bench_command}").main(args)
 
 
 def _add_data(sub: argparse._SubParsersAction) -> None:
-    p = add_command(
-        sub, "data", _runs("data"),
-        help="input pipeline images/s: ours (shards) vs. the torchvision recipe vs. our ceiling",
+    p = sub.add_parser(
+        "data", help="input pipeline images/s: ours (shards) vs. the torchvision recipe vs. our ceiling",
         description="Measure, in one run and in alternating rounds, the images/s through the same "
                     "DataLoader settings of: the torchvision recipe on a folder of JPEG files "
                     "(Pillow, float32; the baseline), our decode + transform on the same files, on "
@@ -58,8 +54,8 @@ def _add_data(sub: argparse._SubParsersAction) -> None:
 
 
 def _add_checkpoint(sub: argparse._SubParsersAction) -> None:
-    p = add_command(
-        sub, "checkpoint", _runs("checkpoint"), help="checkpoint save time: ours (atomic) vs. a bare torch.save",
+    p = sub.add_parser(
+        "checkpoint", help="checkpoint save time: ours (atomic) vs. a bare torch.save",
         description="Save the same training state with the checkpoint manager (temporary "
                     "directory, fsync, rename, marker) and with one torch.save, in alternating "
                     "rounds; report the medians and their ratio.")
@@ -71,8 +67,8 @@ def _add_checkpoint(sub: argparse._SubParsersAction) -> None:
 
 
 def _add_inspect(sub: argparse._SubParsersAction) -> None:
-    p = add_command(
-        sub, "inspect", _runs("inspect"), help="status and logs on a synthetic run (8 ranks, 10,000 metric lines)",
+    p = sub.add_parser(
+        "inspect", help="status and logs on a synthetic run (8 ranks, 10,000 metric lines)",
         description="Write a synthetic finished run directory in a temporary directory, then time "
                     "`status` and `logs` in-process and as subprocesses (median of --rounds).")
     p.add_argument("--ranks", type=positive_int, default=8, metavar="N", help="ranks (8)")
@@ -82,9 +78,8 @@ def _add_inspect(sub: argparse._SubParsersAction) -> None:
 
 
 def _add_pipeline(sub: argparse._SubParsersAction) -> None:
-    p = add_command(
-        sub, "pipeline", _runs("pipeline"),
-        help="pipeline bubble vs. (K-1)/(M+K-1), step time, stage memory with/without remat",
+    p = sub.add_parser(
+        "pipeline", help="pipeline bubble vs. (K-1)/(M+K-1), step time, stage memory with/without remat",
         description="Start K ranks on this host with mpirun, one per pipeline stage of a GPT model; "
                     "for each micro-batch count M (the global batch fixed) and remat off/on, time "
                     "steps and report the measured bubble (1 - busy/schedule time, mean over stages) "
@@ -110,9 +105,8 @@ def _add_pipeline(sub: argparse._SubParsersAction) -> None:
 
 
 def _add_train(sub: argparse._SubParsersAction) -> None:
-    p = add_command(
-        sub, "train", _runs("train"),
-        help="images/s of the spec's model: DDP vs Horovod vs FP16, trainer vs bare loop, "
+    p = sub.add_parser(
+        "train", help="images/s of the spec's model: DDP vs Horovod vs FP16, trainer vs bare loop, "
                       "allreduce vs raw MPI, and where each step's time goes",
         description="Run the spec's model under each configuration of a matrix (default: ddp and "
                     "horovod; fp32 and fp16; fp16 compression for horovod; 1 rank and the whole "
@@ -156,8 +150,8 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
 
 
 def _add_gpu(sub: argparse._SubParsersAction) -> None:
-    p = add_command(
-        sub, "gpu", _runs("gpu"), help="the GPU protocol: ResNet-50 FP16/BF16 images/s per GPU, synthetic and from "
+    p = sub.add_parser(
+        "gpu", help="the GPU protocol: ResNet-50 FP16/BF16 images/s per GPU, synthetic and from "
                     "HDF5 shards, in under 8 minutes",
         description="On a CUDA machine: ResNet-50 with channels_last in a bare loop over DDP "
                     "(NCCL), FP16 then BF16, on one batch made on the GPU; Horovod FP16 too when "
@@ -187,7 +181,7 @@ def _add_gpu(sub: argparse._SubParsersAction) -> None:
 
 
 def register(commands: argparse._SubParsersAction) -> None:
-    bench = commands.add_parser("bench", help="benchmarks: ours vs. a baseline, measured in one run")
+    bench = add_command(commands, "bench", _bench, help="benchmarks: ours vs. a baseline, measured in one run")
     sub = bench.add_subparsers(dest="bench_command", metavar="BENCH_COMMAND", required=True)
     _add_data(sub)
     _add_checkpoint(sub)
