@@ -90,10 +90,8 @@ def array_task_from_env(env: Mapping[str, str]) -> tuple[int, int] | None:
 
 def mpi_world_size(env: Mapping[str, str]) -> int:
     """Ranks in the launching mpirun, read from the environment so a plain run never inits MPI."""
-    for name in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE"):
-        if env.get(name, "").isdigit():
-            return int(env[name])
-    return 1
+    sizes = (env.get(name, "") for name in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE"))
+    return next((int(size) for size in sizes if size.isdigit()), 1)
 
 
 def resolve_task(task_index: int | None, task_count: int | None,

@@ -51,10 +51,7 @@ def jpeg_decoder(environ=os.environ) -> str:
 
 def largest_reduction(short_side: float, needed: float) -> int:
     """The largest of 8, 4, 2, 1 that keeps `short_side / factor >= needed` (1 if none does)."""
-    for factor in REDUCTIONS:
-        if short_side >= factor * needed:
-            return factor
-    return 1
+    return next((factor for factor in REDUCTIONS if short_side >= factor * needed), 1)
 
 
 def _as_bytes(data) -> bytes | memoryview:
