@@ -34,7 +34,7 @@ def config_row(config: dict, runs: list[dict]) -> dict:
     for run in runs:
         per_rank.setdefault(run["rank"], []).extend(run["steps"])
     steps = {rank: _median([s["step"] for s in found]) for rank, found in per_rank.items() if found}
-    step = max(steps.values()) if steps else None
+    step = max(steps.values(), default=None)
     parts = {part: statistics.fmean(_median([s[part] for s in found]) for found in per_rank.values() if found)
              for part in PARTS} if steps else {part: None for part in PARTS}
     rounds = {run["round"]: _median([s["step"] for s in run["steps"]])

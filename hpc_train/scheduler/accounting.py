@@ -40,8 +40,7 @@ class Segment:
 
     @property
     def max_rss(self) -> int | None:
-        found = [s.max_rss for s in self.steps if s.max_rss is not None]
-        return max(found) if found else None
+        return max((s.max_rss for s in self.steps if s.max_rss is not None), default=None)
 
 
 def parse_memory(text: str, bare: str = "") -> int | None:

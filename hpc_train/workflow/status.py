@@ -87,8 +87,7 @@ def explain_cancels(stages: list[StageStatus], record: dict) -> None:
 
 
 def _elapsed(rows: list[Job] | list[MemberStatus]) -> float | None:
-    found = [r.elapsed for r in rows if r.elapsed is not None]
-    return max(found) if found else None
+    return max((r.elapsed for r in rows if r.elapsed is not None), default=None)
 
 
 def last_error(paths: WorkflowPaths, stage: str) -> str | None:
