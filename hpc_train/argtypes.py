@@ -1,5 +1,5 @@
 """What the command groups share (no heavy imports): argparse value types, `add_command`, and
-`print_result` for a command's result."""
+`print_result` and `print_warnings` for what a command says."""
 
 from __future__ import annotations
 
@@ -26,6 +26,12 @@ def print_result(as_json: bool, document: str, table: Callable[[], None], text: 
         table()
     else:
         print(text())
+
+
+def print_warnings(warnings) -> None:
+    """A command's warnings (spec.Problems that do not stop it), one line each on stderr."""
+    for warning in warnings:
+        print(f"warning: {warning}", file=sys.stderr)
 
 
 def positive_int(text: str) -> int:

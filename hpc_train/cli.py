@@ -10,7 +10,7 @@ import argparse
 import sys
 
 from hpc_train import __version__
-from hpc_train.argtypes import add_command, positive_float, positive_int
+from hpc_train.argtypes import add_command, positive_float, positive_int, print_warnings
 from hpc_train.errors import HpcTrainError
 
 
@@ -62,8 +62,7 @@ def _load_checked(args: argparse.Namespace):
     from hpc_train.spec import validate_spec_file
 
     spec, warnings = validate_spec_file(args.file, args.overrides)
-    for warning in warnings:
-        print(f"warning: {warning}", file=sys.stderr)
+    print_warnings(warnings)
     return spec
 
 

@@ -20,7 +20,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from hpc_train.argtypes import print_result
+from hpc_train.argtypes import print_result, print_warnings
 from hpc_train.bench import train_plan, train_report
 from hpc_train.bench.ranks import run_ranks
 from hpc_train.bench.train_rank import LAUNCH_ENV
@@ -63,8 +63,7 @@ def load_bench_spec(spec_file: str, overrides: list[str]):
     from hpc_train.spec.paths import resolve_paths
 
     spec, warnings = validate_spec_file(spec_file, overrides)
-    for warning in warnings:
-        print(f"warning: {warning}", file=sys.stderr)
+    print_warnings(warnings)
     if spec.parallelism is not Parallelism.DATA_PARALLEL:
         raise HpcTrainError("bench train measures data-parallel image models; for pipeline stages "
                             "use `python -m hpc_train bench pipeline`")

@@ -6,12 +6,7 @@ import argparse
 import json
 import sys
 
-from hpc_train.argtypes import add_command
-
-
-def _warn(plan) -> None:
-    for warning in plan.warnings:
-        print(f"warning: {warning}", file=sys.stderr)
+from hpc_train.argtypes import add_command, print_warnings
 
 
 def _jobs(done, name: str) -> str:
@@ -25,7 +20,7 @@ def _validate(args: argparse.Namespace) -> int:
     from hpc_train.workflow.run import check, job_summary
 
     plan = check(args.file, args.overrides)
-    _warn(plan)
+    print_warnings(plan.warnings)
     print(f"{args.file}: OK ({len(plan.order)} stages)")
     for name in plan.order:
         print(f"  {name:<16} {plan.stages[name].kind:<9} {'; '.join(job_summary(plan, name))}")
@@ -38,7 +33,7 @@ def _run(args: argparse.Namespace) -> int:
 
     if args.dry_run:
         plan = check(args.file, args.overrides, args.root)
-        _warn(plan)
+        print_warnings(plan.warnings)
         print(dry_run_text(plan))
         print("# dry run: nothing was submitted and no directory was created", file=sys.stderr)
         return 0
@@ -48,7 +43,7 @@ def _run(args: argparse.Namespace) -> int:
         print("note: sbatch is not on PATH: running the stages here, one after another "
               "(the local executor)", file=sys.stderr)
     started = run(args.file, args.overrides, args.root, use_slurm=False if args.local else None)
-    _warn(started.plan)
+    print_warnings(started.plan.warnings)
     print(f"workflow dir: {started.paths.root}")
     for name in started.plan.order:
         print(f"  {name:<16} {started.plan.stages[name].kind:<9} {_jobs(started, name)}")
