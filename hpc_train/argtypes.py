@@ -1,5 +1,5 @@
 """What the command groups share (no heavy imports): argparse value types, `add_command`, and
-`print_result` and `print_warnings` for what a command says."""
+how a command prints its result (`print_result`) and its warnings (`print_warnings`)."""
 
 from __future__ import annotations
 
