@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import statistics
 
+from hpc_train.inspection import text
 from hpc_train.train.timing import PARTS
 
 IMAGENET_TRAIN_IMAGES = 1_281_167
@@ -188,14 +189,7 @@ def markdown(report: dict) -> str:
 
 
 def print_table(report: dict) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(*COLUMNS, title=header(report))
-    for line in table_rows(report):
-        table.add_row(*line)
-    console = Console()
-    console.print(table)
+    console = text.print_table(COLUMNS, table_rows(report), title=header(report))
     for line in overhead_lines(report) + allreduce_lines(report):
         console.print(line, highlight=False)
 
