@@ -76,12 +76,8 @@ def verify_split(split_dir: Path) -> tuple[dict | None, list[str]]:
     except DataError as exc:
         return None, [str(exc)]
     problems = []
-    listed = set()
-    total = 0
     for index, entry in enumerate(manifest["shards"]):
         path = split_dir / entry["file"]
-        listed.add(entry["file"])
-        total += entry["num_samples"]
         if not path.exists():
             problems.append(f"{path}: missing")
             continue
@@ -97,9 +93,11 @@ def verify_split(split_dir: Path) -> tuple[dict | None, list[str]]:
         except (OSError, KeyError, ValueError) as exc:
             found = [f"cannot read as HDF5 ({exc})"]
         problems += [f"{path}: {p}" for p in found]
+    total = sum(entry["num_samples"] for entry in manifest["shards"])
     if total != manifest["num_samples"]:
         problems.append(f"{split_dir / mf.MANIFEST}: num_samples {manifest['num_samples']} but "
                         f"the shards hold {total}")
+    listed = {entry["file"] for entry in manifest["shards"]}
     for stray in sorted(split_dir.glob("shard-*.h5")):
         if stray.name not in listed:
             problems.append(f"{stray}: not in the manifest (left from another conversion?)")
