@@ -10,7 +10,7 @@ import argparse
 import sys
 
 from hpc_train import __version__
-from hpc_train.argtypes import positive_float, positive_int
+from hpc_train.argtypes import add_command, positive_float, positive_int, print_warnings
 from hpc_train.errors import HpcTrainError
 
 
@@ -62,8 +62,7 @@ def _load_checked(args: argparse.Namespace):
     from hpc_train.spec import validate_spec_file
 
     spec, warnings = validate_spec_file(args.file, args.overrides)
-    for warning in warnings:
-        print(f"warning: {warning}", file=sys.stderr)
+    print_warnings(warnings)
     return spec
 
 
@@ -163,8 +162,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"hpc_train {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
-    doctor = commands.add_parser(
-        "doctor", help="check packages, Horovod, mpirun, Slurm, GPUs and networking",
+    doctor = add_command(
+        commands, "doctor", _doctor, help="check packages, Horovod, mpirun, Slurm, GPUs and networking",
         description="Run every environment check on this machine; exit 0 only when none FAILs. "
                     "--allocation (inside salloc/sbatch) or --nodes N (from a login node) instead "
                     "start one probe per node and check that the nodes agree: same versions and "
@@ -184,17 +183,15 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.add_argument("--timeout", type=positive_float, metavar="SECONDS",
                         help="--allocation: for the probes to finish (default 180); "
                         "--nodes: for the job, queue wait included (default 600)")
-    doctor.set_defaults(handler=_doctor)
 
-    validate = commands.add_parser(
-        "validate", help="check a job spec (types, ranges, cross-field rules) without submitting",
+    validate = add_command(
+        commands, "validate", _validate, help="check a job spec (types, ranges, cross-field rules) without submitting",
         description="Load FILE strictly, apply --set overrides, print warnings and a summary; "
                     "exit 2 listing every problem.")
     _add_spec_arguments(validate)
-    validate.set_defaults(handler=_validate)
 
-    submit = commands.add_parser(
-        "submit", help="validate a job spec and submit it to Slurm (submitit)",
+    submit = add_command(
+        commands, "submit", _submit, help="validate a job spec and submit it to Slurm (submitit)",
         description="Validate FILE, create a run directory and submit the job; prints the job id "
                     "and the run directory. Without sbatch on PATH the job runs here through "
                     "submitit's local executor.")
@@ -204,10 +201,9 @@ def build_parser() -> argparse.ArgumentParser:
     submit.add_argument("--local", action="store_true",
                         help="run on this machine with submitit's local executor")
     _add_no_snapshot(submit)
-    submit.set_defaults(handler=_submit)
 
-    resume = commands.add_parser(
-        "resume", help="submit a run again; it continues from its latest complete checkpoint",
+    resume = add_command(
+        commands, "resume", _resume, help="submit a run again; it continues from its latest complete checkpoint",
         description="Submit RUN_DIR again with its saved spec. --set changes need "
                     "--allow-spec-change (the checkpoints were made under the old spec).")
     resume.add_argument("run_dir", metavar="RUN_DIR")
@@ -221,10 +217,9 @@ def build_parser() -> argparse.ArgumentParser:
                       "run was submitted with, RUN_DIR/code, or the installed package if it has none)")
     code.add_argument("--no-snapshot", dest="code", action="store_const", const="none",
                       help="import the installed hpc_train from now on (RUN_DIR/code is removed)")
-    resume.set_defaults(handler=_resume)
 
-    render = commands.add_parser(
-        "render", help="write a standalone sbatch script for plain `sbatch`",
+    render = add_command(
+        commands, "render", _render, help="write a standalone sbatch script for plain `sbatch`",
         description="Validate FILE, create its run directory and write an sbatch script that "
                     "needs only sbatch and this package.")
     _add_spec_arguments(render)
@@ -233,7 +228,6 @@ def build_parser() -> argparse.ArgumentParser:
                         help="your site's sbatch template with the placeholders {sbatch_directives}, "
                         "{setup}, {driver_command} (required), {run_dir} and {job_name}")
     _add_no_snapshot(render)
-    render.set_defaults(handler=_render)
 
     # Command groups that live beside their code; these modules import nothing heavy.
     from hpc_train.bench.cli import register as register_bench

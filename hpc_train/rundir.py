@@ -6,10 +6,13 @@ login node, even with Slurm accounting off (the files and events: docs/run-direc
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import itertools
 import json
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -135,19 +138,36 @@ class RunPaths:
     @classmethod
     def new(cls, run_root: str | Path, name: str, now: datetime | None = None) -> RunPaths:
         """A fresh `<root>/<name>-<YYYYmmdd-HHMMSS>[-N]` directory, created here."""
-        stamp = (now or datetime.now()).strftime("%Y%m%d-%H%M%S")
-        base = Path(run_root).resolve() / f"{name}-{stamp}"
-        candidate, n = base, 1
-        while True:
-            try:
-                candidate.mkdir(parents=True)
-                break
-            except FileExistsError:
-                n += 1
-                candidate = base.with_name(f"{base.name}-{n}")
-        paths = cls(candidate)
+        paths = cls(new_stamped_dir(run_root, name, now=now))
         paths.make_dirs()
         return paths
+
+
+def _make_new(path: Path) -> bool:
+    path.mkdir(parents=True)
+    return True
+
+
+def new_stamped_dir(root: str | Path, name: str, claim: Callable[[Path], bool] = _make_new,
+                    now: datetime | None = None) -> Path:
+    """The first `<root>/<name>-<YYYYmmdd-HHMMSS>[-N]` that `claim` takes: it creates what it
+    needs there, exclusively, and says False (or raises FileExistsError) when it is taken."""
+    stamp = (now or datetime.now()).strftime("%Y%m%d-%H%M%S")
+    base = Path(root).resolve() / f"{name}-{stamp}"
+    for n in itertools.count(1):
+        candidate = base if n == 1 else base.with_name(f"{base.name}-{n}")
+        with contextlib.suppress(FileExistsError):
+            if claim(candidate):
+                return candidate
+
+
+def fsync_path(path: Path) -> None:
+    """Make a file's data, or a directory's entries (a rename into it), durable."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def write_atomic(path: Path, data: bytes) -> None:
@@ -191,12 +211,10 @@ def append_jsonl(path: Path, record: dict) -> None:
 def _undo_append(fd: int, before: int, length: int) -> None:
     """Cut our torn line off, unless more than it was appended since (another writer's line:
     then leave it to readers, which skip lines that do not parse)."""
-    try:
+    with contextlib.suppress(OSError):
         size = os.fstat(fd).st_size
         if before < size <= before + length:
             os.ftruncate(fd, before)
-    except OSError:
-        pass
 
 
 def read_jsonl(path: Path) -> list[dict]:

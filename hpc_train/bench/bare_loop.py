@@ -19,6 +19,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 from hpc_train.launch.identity import RankInfo
 from hpc_train.models import build_model
 from hpc_train.parallel.data_parallel import init_torch_distributed
+from hpc_train.train.data import shutdown_workers
 from hpc_train.train.optim import build_optimizer
 from hpc_train.train.timing import NO_CLOCK
 
@@ -129,7 +130,5 @@ class BareLoop:
 
     def close(self) -> None:
         """Stop the loader's workers now (as Trainer.close does)."""
-        iterator = getattr(self.loader, "_iterator", None)
-        if iterator is not None and hasattr(iterator, "_shutdown_workers"):
-            iterator._shutdown_workers()
+        shutdown_workers(self.loader)
         self.batches = None

@@ -5,16 +5,13 @@ from __future__ import annotations
 import argparse
 import importlib
 
-from hpc_train.argtypes import positive_float, positive_int
+from hpc_train.argtypes import add_command, positive_float, positive_int
 
 
-def _runs(module: str):
-    """The handler of one benchmark: imports hpc_train.bench.<module> (torch and all) only when
-    that benchmark runs, so building the parser stays light."""
-    def handler(args: argparse.Namespace) -> int:
-        return importlib.import_module(f"hpc_train.bench.{module}").main(args)
-
-    return handler
+def _bench(args: argparse.Namespace) -> int:
+    """Run the chosen benchmark: hpc_train.bench.<its name> (torch and all) is imported only
+    now, so building the parser stays light."""
+    return importlib.import_module(f"hpc_train.bench.{args.bench_command}").main(args)
 
 
 def _add_data(sub: argparse._SubParsersAction) -> None:
@@ -54,7 +51,6 @@ def _add_data(sub: argparse._SubParsersAction) -> None:
                         "device) or normalised float32 (the baseline is always float32)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
-    p.set_defaults(handler=_runs("data"))
 
 
 def _add_checkpoint(sub: argparse._SubParsersAction) -> None:
@@ -68,7 +64,6 @@ def _add_checkpoint(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dir", metavar="DIR", help="where to write (default: the system temp dir); "
                    "use the file system your checkpoints live on")
     p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.set_defaults(handler=_runs("checkpoint"))
 
 
 def _add_inspect(sub: argparse._SubParsersAction) -> None:
@@ -80,7 +75,6 @@ def _add_inspect(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--metric-lines", type=positive_int, default=10_000, metavar="N", help="(10000)")
     p.add_argument("--rounds", type=positive_int, default=5, metavar="N", help="rounds each (5)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.set_defaults(handler=_runs("inspect"))
 
 
 def _add_pipeline(sub: argparse._SubParsersAction) -> None:
@@ -108,7 +102,6 @@ def _add_pipeline(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--threads", type=positive_int, default=None, metavar="N",
                    help="torch threads per rank on CPU (default: cores / stages)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.set_defaults(handler=_runs("pipeline"))
 
 
 def _add_train(sub: argparse._SubParsersAction) -> None:
@@ -154,7 +147,6 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
                    help="run a prepared bench directory (what the --submit job runs)")
     p.add_argument("--gpu-protocol", action="store_true", help="run `bench gpu` instead")
     p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.set_defaults(handler=_runs("train"))
 
 
 def _add_gpu(sub: argparse._SubParsersAction) -> None:
@@ -186,11 +178,10 @@ def _add_gpu(sub: argparse._SubParsersAction) -> None:
                    help="cpu: the same code path on the CPU, for tests")
     p.add_argument("--no-horovod", action="store_true", help="skip Horovod even if built with CUDA")
     p.add_argument("--json", action="store_true", help="print the JSON")
-    p.set_defaults(handler=_runs("gpu"))
 
 
 def register(commands: argparse._SubParsersAction) -> None:
-    bench = commands.add_parser("bench", help="benchmarks: ours vs. a baseline, measured in one run")
+    bench = add_command(commands, "bench", _bench, help="benchmarks: ours vs. a baseline, measured in one run")
     sub = bench.add_subparsers(dest="bench_command", metavar="BENCH_COMMAND", required=True)
     _add_data(sub)
     _add_checkpoint(sub)

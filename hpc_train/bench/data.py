@@ -36,12 +36,13 @@ from PIL import Image
 from hpc_train.data import decode
 from hpc_train.data.sampler import block_order
 from hpc_train.data.shard_dataset import ShardedImages
+from hpc_train.data.sources import IMAGE_EXTENSIONS
 from hpc_train.data.transforms import (IMAGENET_MEAN, IMAGENET_STD, TrainTransform, ValTransform,
                                        rrc_params, sample_rng, val_geometry)
 from hpc_train.errors import DataError
+from hpc_train.inspection.text import print_table
 from hpc_train.train.timing import Stopwatch, medians
 
-IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".webp"}
 MEMORY_CAP = 2048  # images held in memory for the ceiling (all workers get a copy)
 GPU_IMAGES_PER_S = 3000  # what one H100-class GPU trains ResNet-50 at in FP16 (the target)
 
@@ -51,7 +52,7 @@ def list_folder(src: Path) -> tuple[list[Path], list[int]]:
     classes = sorted(p.name for p in src.iterdir() if p.is_dir())
     files, labels = [], []
     for k, name in enumerate(classes):
-        found = sorted(p for p in (src / name).rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES)
+        found = sorted(p for p in (src / name).rglob("*") if p.suffix.lower() in IMAGE_EXTENSIONS)
         files += found
         labels += [k] * len(found)
     if not files:
@@ -252,7 +253,7 @@ def results(configs: list[Config], args) -> dict:
         "page_cache": "warm (not dropped: needs root); every file was read during warm-up"}}
 
 
-def render(report: dict, tty: bool) -> None:
+def render(report: dict) -> None:
     s = report["settings"]
     header = (f"split {s['split']}, {s['image_size']} px, batch {s['batch']}, {s['workers']} "
               f"workers ({s['start_method']}), ours: {s['jpeg_decoder']}, {s['output']} out, draft "
@@ -263,19 +264,7 @@ def render(report: dict, tty: bool) -> None:
               f"{r['vs_torchvision']:.2f}x", f"{r['vs_ceiling']:.2f}",
               f"{r['images_per_s_per_core']:.0f}", f"{r['cores_per_gpu']:.1f}", r["what"])
              for r in report["rows"]]
-    if tty:
-        from rich.console import Console
-        from rich.table import Table
-
-        table = Table(*columns, title=header)
-        for line in lines:
-            table.add_row(*line)
-        Console().print(table)
-        return
-    print(header)
-    print("\t".join(columns))
-    for line in lines:
-        print("\t".join(line))
+    print_table(columns, lines, title=header)
 
 
 def main(args) -> int:
@@ -288,5 +277,5 @@ def main(args) -> int:
     if args.json:
         print(json.dumps(report, indent=1))
     else:
-        render(report, sys.stdout.isatty())
+        render(report)
     return 0

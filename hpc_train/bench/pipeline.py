@@ -15,6 +15,7 @@ import sys
 
 from hpc_train.bench.ranks import run_here
 from hpc_train.errors import HpcTrainError
+from hpc_train.inspection.text import print_table
 
 DEFAULT_M = (1, 2, 4, 8)
 TOLERANCE, FROM_M = 0.10, 4      # the criterion: |measured - formula| <= 0.10 for M >= 4
@@ -105,13 +106,7 @@ def render(report: dict, tty: bool) -> None:
         print("\n".join([header, "", *("| " + " | ".join(cells) + " |" for cells in (columns, rule, *lines)),
                          "", verdict]))
         return
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(*columns, title=header, caption=verdict)
-    for line in lines:
-        table.add_row(*line)
-    Console().print(table)
+    print_table(columns, lines, title=header).print(verdict)
 
 
 def main(args) -> int:

@@ -20,6 +20,7 @@ import shutil
 import sys
 from pathlib import Path
 
+from hpc_train.argtypes import print_result, print_warnings
 from hpc_train.bench import train_plan, train_report
 from hpc_train.bench.ranks import run_ranks
 from hpc_train.bench.train_rank import LAUNCH_ENV
@@ -62,8 +63,7 @@ def load_bench_spec(spec_file: str, overrides: list[str]):
     from hpc_train.spec.paths import resolve_paths
 
     spec, warnings = validate_spec_file(spec_file, overrides)
-    for warning in warnings:
-        print(f"warning: {warning}", file=sys.stderr)
+    print_warnings(warnings)
     if spec.parallelism is not Parallelism.DATA_PARALLEL:
         raise HpcTrainError("bench train measures data-parallel image models; for pipeline stages "
                             "use `python -m hpc_train bench pipeline`")
@@ -177,11 +177,8 @@ def main(args) -> int:
               f"its output: {root / OUTPUT}")
         return 0
     report = run_prepared(root)
-    if args.json:
-        print(json.dumps(report, indent=1))
-    elif sys.stdout.isatty():
-        train_report.print_table(report)
-    else:  # a job's output file, a pipe: Markdown, as docs/benchmarks.md records it
-        print(train_report.markdown(report))
+    # A job's output file, a pipe: Markdown, as docs/benchmarks.md records it.
+    print_result(args.json, json.dumps(report, indent=1), lambda: train_report.print_table(report),
+                 lambda: train_report.markdown(report))
     print(f"report: {root / REPORT_MD}, {root / REPORT_JSON}, {root / REPORT_PNG}", file=sys.stderr)
     return 0

@@ -100,11 +100,9 @@ def configurations(matrix: Matrix, world_size: int, real_data: bool) -> list[Con
 def twin(bare: Config, configs: list[Config]) -> Config | None:
     """The trainer configuration a bare loop is the baseline of: same backend, precision and
     ranks, synthetic data, no compression, accumulation 1."""
-    for c in configs:
-        if (c.kind, c.backend, c.precision, c.ranks, c.data, c.compression, c.accumulation) == \
-                ("trainer", bare.backend, bare.precision, bare.ranks, "synthetic", "none", 1):
-            return c
-    return None
+    wanted = ("trainer", bare.backend, bare.precision, bare.ranks, "synthetic", "none", 1)
+    return next((c for c in configs if (c.kind, c.backend, c.precision, c.ranks, c.data, c.compression,
+                                        c.accumulation) == wanted), None)
 
 
 def units(configs: list[Config]) -> list[list[str]]:

@@ -80,6 +80,17 @@ def horovod():
     return hvd
 
 
+def _recorded(run, backend: str, precision: str, compression: str, accumulation: int,
+              samples_per_step: int) -> dict:
+    """What a configuration ran on this rank, recorded beside its times."""
+    from hpc_train.launch.horovod import read_knobs
+
+    return {"backend": backend, "precision": precision, "compression": compression,
+            "accumulation": accumulation, "world_size": run.identity.size, "device": str(run.device),
+            "samples_per_step": samples_per_step, "data": run.spec.data.kind,
+            "horovod_env": read_knobs(os.environ) if backend == "horovod" else {}}
+
+
 class TrainerRun:
     """A configuration of the real Trainer, stepped on request (`steps(n)`)."""
 
@@ -101,14 +112,9 @@ class TrainerRun:
         self.trainer.train_steps(count)
 
     def recorded(self) -> dict:
-        from hpc_train.launch.horovod import read_knobs
-
-        trainer, spec = self.trainer, self.spec
-        return {"backend": trainer.backend.name, "precision": trainer.precision.mode,
-                "compression": trainer.backend.compression, "accumulation": spec.parallel.accumulation,
-                "world_size": self.identity.size, "device": str(self.device),
-                "samples_per_step": spec.samples_per_step, "data": spec.data.kind,
-                "horovod_env": read_knobs(os.environ) if trainer.backend.name == "horovod" else {}}
+        backend = self.trainer.backend
+        return _recorded(self, backend.name, self.trainer.precision.mode, backend.compression,
+                         self.spec.parallel.accumulation, self.spec.samples_per_step)
 
     def close(self) -> None:
         self.trainer.close()
@@ -133,14 +139,9 @@ class BareRun:
         self.loop.steps(count)
 
     def recorded(self) -> dict:
-        from hpc_train.launch.horovod import read_knobs
-
         loop = self.loop
-        return {"backend": loop.backend, "precision": loop.precision, "compression": loop.compression,
-                "accumulation": 1, "world_size": self.identity.size, "device": str(self.device),
-                "samples_per_step": self.spec.data.batch_size * self.identity.size,
-                "data": self.spec.data.kind,
-                "horovod_env": read_knobs(os.environ) if loop.backend == "horovod" else {}}
+        return _recorded(self, loop.backend, loop.precision, loop.compression, 1,
+                         self.spec.data.batch_size * self.identity.size)
 
     def close(self) -> None:
         self.loop.close()

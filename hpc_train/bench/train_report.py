@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import statistics
 
+from hpc_train.inspection import text
 from hpc_train.train.timing import PARTS
 
 IMAGENET_TRAIN_IMAGES = 1_281_167
@@ -34,13 +35,11 @@ def config_row(config: dict, runs: list[dict]) -> dict:
     for run in runs:
         per_rank.setdefault(run["rank"], []).extend(run["steps"])
     steps = {rank: _median([s["step"] for s in found]) for rank, found in per_rank.items() if found}
-    step = max(steps.values()) if steps else None
+    step = max(steps.values(), default=None)
     parts = {part: statistics.fmean(_median([s[part] for s in found]) for found in per_rank.values() if found)
              for part in PARTS} if steps else {part: None for part in PARTS}
-    rounds = {}
-    for run in runs:
-        if run["rank"] == 0 and run["steps"]:
-            rounds[run["round"]] = _median([s["step"] for s in run["steps"]])
+    rounds = {run["round"]: _median([s["step"] for s in run["steps"]])
+              for run in runs if run["rank"] == 0 and run["steps"]}
     recorded = [run["recorded"] for run in runs]
     first = recorded[0] if recorded else {}
     samples = first.get("samples_per_step")
@@ -190,14 +189,7 @@ def markdown(report: dict) -> str:
 
 
 def print_table(report: dict) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(*COLUMNS, title=header(report))
-    for line in table_rows(report):
-        table.add_row(*line)
-    console = Console()
-    console.print(table)
+    console = text.print_table(COLUMNS, table_rows(report), title=header(report))
     for line in overhead_lines(report) + allreduce_lines(report):
         console.print(line, highlight=False)
 

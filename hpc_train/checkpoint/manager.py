@@ -15,6 +15,7 @@ A kill at any point leaves either no new directory, or one without its marker: b
 
 from __future__ import annotations
 
+import contextlib
 import json
 import pickle
 import logging
@@ -29,18 +30,11 @@ import torch
 from hpc_train.checkpoint import layout
 from hpc_train.checkpoint.retention import steps_to_delete
 from hpc_train.errors import CheckpointError
+from hpc_train.rundir import fsync_path
 
 log = logging.getLogger("hpc_train.checkpoint")
 # What torch.load raises on a missing, truncated or foreign file (weights_only refusals included).
 _LOAD_ERRORS = (OSError, RuntimeError, ValueError, EOFError, pickle.UnpicklingError)
-
-
-def _fsync_path(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _save_file(obj, path: Path) -> None:
@@ -56,11 +50,9 @@ def _save_file(obj, path: Path) -> None:
 def remove_checkpoint(directory: Path) -> None:
     """Marker first (made durable), then the files: a kill half-way leaves a directory that no
     longer counts as complete, never one that counts but lacks its weights."""
-    try:
+    with contextlib.suppress(FileNotFoundError):
         (directory / layout.MARKER).unlink()
-        _fsync_path(directory)
-    except FileNotFoundError:
-        pass
+        fsync_path(directory)
     shutil.rmtree(directory, ignore_errors=True)
 
 
@@ -119,13 +111,13 @@ class CheckpointManager:
             (tmp / layout.META).write_text(json.dumps({**meta, "step": step,
                                                        "world_size": self.world_size,
                                                        "time": time.time()}, indent=1))
-            _fsync_path(tmp / layout.META)
-            _fsync_path(tmp)
+            fsync_path(tmp / layout.META)
+            fsync_path(tmp)
             os.replace(tmp, final)
             marker = final / layout.MARKER
             marker.write_text(f"{step}\n")
-            _fsync_path(marker)
-            _fsync_path(self.root)
+            fsync_path(marker)
+            fsync_path(self.root)
             self._apply_retention()
         return final
 
@@ -162,7 +154,7 @@ class CheckpointManager:
         target = self.root / layout.unloadable_dir_name(step)
         shutil.rmtree(target, ignore_errors=True)
         os.replace(self.root / layout.step_dir_name(step), target)
-        _fsync_path(self.root)
+        fsync_path(self.root)
         return target
 
     def load(self, step: int | None = None) -> tuple[dict, dict | None, dict]:

@@ -6,9 +6,9 @@ Handlers import h5py, Pillow and numpy themselves, so `--help` and the rest of t
 from __future__ import annotations
 
 import argparse
-
-from hpc_train.argtypes import positive_int
 import sys
+
+from hpc_train.argtypes import add_command, positive_int, print_result
 
 
 def _shard(args: argparse.Namespace) -> int:
@@ -58,14 +58,8 @@ def _info(args: argparse.Namespace) -> int:
     from hpc_train.data.verify import print_rich_info, render_info, split_info
 
     rows = [split_info(d) for d in find_split_dirs(Path(args.dir), args.split)]
-    if args.json:
-        print(json.dumps(rows, indent=1))
-        return 0
-    text = render_info(rows, tty=sys.stdout.isatty())
-    if text is None:
-        print_rich_info(rows, title=str(args.dir))
-    else:
-        print(text)
+    print_result(args.json, json.dumps(rows, indent=1), lambda: print_rich_info(rows, title=str(args.dir)),
+                 lambda: render_info(rows))
     return 0
 
 
@@ -114,8 +108,8 @@ def _tokenize(args: argparse.Namespace) -> int:
 
 
 def _add_tokenize(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("tokenize", help="write byte-token HDF5 shards for the gpt model",
-                       description="Bytes of the given text files (or a generated English-like "
+    p = add_command(sub, "tokenize", _tokenize, help="write byte-token HDF5 shards for the gpt model",
+                    description="Bytes of the given text files (or a generated English-like "
                                    "corpus) into OUT/train and OUT/val token shards.")
     p.add_argument("files", nargs="*", metavar="FILE", help="text files, concatenated in order")
     p.add_argument("--out", required=True, metavar="DIR")
@@ -126,12 +120,11 @@ def _add_tokenize(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--shard-tokens", type=positive_int, default=64 << 20, metavar="N",
                    help="tokens per shard file (default 64 Mi)")
     p.add_argument("--seed", type=int, default=0, help="--generate: corpus seed")
-    p.set_defaults(handler=_tokenize)
 
 
 def _add_shard(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "shard", help="convert an image folder (ImageNet layout) into HDF5 shards",
+    p = add_command(
+        sub, "shard", _shard, help="convert an image folder (ImageNet layout) into HDF5 shards",
         description="Convert one split into HDF5 shards (docs/shard-format.md). Class folders are "
                     "detected; a flat folder needs --labels. Under mpirun the ranks share the "
                     "shards; in a Slurm array each task takes its part (--task-index/--task-count, "
@@ -157,7 +150,6 @@ def _add_shard(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--strict", action="store_true", help="stop at the first unreadable image")
     p.add_argument("--task-index", type=int, default=None, metavar="I")
     p.add_argument("--task-count", type=int, default=None, metavar="N")
-    p.set_defaults(handler=_shard)
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -166,22 +158,20 @@ def register(commands: argparse._SubParsersAction) -> None:
     _add_shard(sub)
     _add_tokenize(sub)
 
-    verify = sub.add_parser("verify", help="recheck checksums, attributes and every image",
-                            description="Exit 0 when every shard matches its manifest and every "
+    verify = add_command(sub, "verify", _verify, help="recheck checksums, attributes and every image",
+                         description="Exit 0 when every shard matches its manifest and every "
                                         "image decodes; exit 6 listing each problem otherwise.")
     verify.add_argument("dir", metavar="DIR", help="the --out folder (or one split folder)")
     verify.add_argument("--split", default=None, help="only this split")
-    verify.set_defaults(handler=_verify)
 
-    info = sub.add_parser("info", help="summary per split: samples, classes, shards, bytes",
-                          description="A table on a terminal, plain lines when piped.")
+    info = add_command(sub, "info", _info, help="summary per split: samples, classes, shards, bytes",
+                       description="A table on a terminal, plain lines when piped.")
     info.add_argument("dir", metavar="DIR", help="the --out folder (or one split folder)")
     info.add_argument("--split", default=None, help="only this split")
     info.add_argument("--json", action="store_true", help="machine-readable output")
-    info.set_defaults(handler=_info)
 
-    demo = sub.add_parser("demo", help="write a small learnable ImageNet-like image folder",
-                          description="DIR/train/<synset>/*.JPEG, DIR/val/*.JPEG and "
+    demo = add_command(sub, "demo", _demo, help="write a small learnable ImageNet-like image folder",
+                       description="DIR/train/<synset>/*.JPEG, DIR/val/*.JPEG and "
                                       "DIR/val_labels.txt; deterministic from --seed.")
     demo.add_argument("--out", required=True, metavar="DIR")
     demo.add_argument("--classes", type=positive_int, default=10)
@@ -192,4 +182,3 @@ def register(commands: argparse._SubParsersAction) -> None:
     demo.add_argument("--photo", action="store_true",
                       help="ImageNet-photo shapes: long side ~SIZE, 4:3, one in four portrait "
                            "(--size 500: 500x375, ~100-120 KB, as for bench data)")
-    demo.set_defaults(handler=_demo)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import random
-import sys
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -48,7 +47,6 @@ class WriterSummary:
     images: int = 0
     skipped_images: int = 0
     seconds: float = 0.0
-    manifest_written: bool = False
 
 
 # ---- pure planning -------------------------------------------------------------------------
@@ -91,10 +89,8 @@ def array_task_from_env(env: Mapping[str, str]) -> tuple[int, int] | None:
 
 def mpi_world_size(env: Mapping[str, str]) -> int:
     """Ranks in the launching mpirun, read from the environment so a plain run never inits MPI."""
-    for name in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE"):
-        if env.get(name, "").isdigit():
-            return int(env[name])
-    return 1
+    sizes = (env.get(name, "") for name in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE"))
+    return next((int(size) for size in sizes if size.isdigit()), 1)
 
 
 def resolve_task(task_index: int | None, task_count: int | None,
@@ -208,15 +204,14 @@ def _check_options(opts: ConvertOptions) -> None:
         raise DataError(f"--split {opts.split!r}: must be a plain folder name")
 
 
-def convert(opts: ConvertOptions, env: Mapping[str, str] | None = None, out=None) -> WriterSummary:
-    """Run this process's share of the conversion; print its summary to `out` (stdout)."""
+def convert(opts: ConvertOptions) -> WriterSummary:
+    """Run this process's share of the conversion (its place from the environment: mpirun's
+    ranks, a Slurm array task); print its summary."""
     from hpc_train.data.sources import list_sources
 
-    env = os.environ if env is None else env
-    out = out or sys.stdout
     _check_options(opts)
-    task, tasks = resolve_task(opts.task_index, opts.task_count, env)
-    comm, rank, ranks = None, 0, mpi_world_size(env)
+    task, tasks = resolve_task(opts.task_index, opts.task_count, os.environ)
+    comm, rank, ranks = None, 0, mpi_world_size(os.environ)
     if ranks > 1:
         from mpi4py import MPI  # only under mpirun: a plain run must not need MPI init
 
@@ -244,32 +239,29 @@ def convert(opts: ConvertOptions, env: Mapping[str, str] | None = None, out=None
         raise error
     summary.seconds = time.monotonic() - start
 
-    _print_summary(summary, listing, out)
+    _print_summary(summary, listing)
     if rank == 0:
         manifest = try_write_manifest(opts, split_dir, listing, len(shards))
-        summary.manifest_written = manifest is not None
         if manifest is not None:
             print(f"manifest: {split_dir / mf.MANIFEST} ({manifest['num_samples']} samples in "
-                  f"{len(shards)} shards, {manifest['num_skipped']} skipped)", file=out)
+                  f"{len(shards)} shards, {manifest['num_skipped']} skipped)")
         else:
             done = sum((split_dir / f"shard-{i:05d}.h5.json").exists() for i in range(len(shards)))
             print(f"{label}: {done}/{len(shards)} shards done; the writer that finishes last "
-                  "writes the manifest", file=out)
+                  "writes the manifest")
     return summary
 
 
-def _print_summary(s: WriterSummary, listing, out) -> None:
+def _print_summary(s: WriterSummary, listing) -> None:
     rate = s.images / s.seconds if s.seconds > 0 else 0.0
     print(f"writer {s.writer}/{s.writers}: {s.shards_written} shards written, "
           f"{s.shards_skipped} already done; {s.images} images in {s.seconds:.1f} s "
-          f"({rate:.0f} img/s); {s.skipped_images} unreadable skipped", file=out, flush=True)
+          f"({rate:.0f} img/s); {s.skipped_images} unreadable skipped", flush=True)
     if s.writer == 0:
-        notes = [f"{len(listing.unlabeled)} files without a label line",
-                 f"{len(listing.missing)} label lines without a file",
-                 f"{len(listing.ignored)} loose images outside class folders",
-                 f"{len(listing.empty_classes)} empty class folders"]
-        counts = [len(listing.unlabeled), len(listing.missing), len(listing.ignored),
-                  len(listing.empty_classes)]
-        shown = [n for n, c in zip(notes, counts) if c]
+        left_out = {"files without a label line": listing.unlabeled,
+                    "label lines without a file": listing.missing,
+                    "loose images outside class folders": listing.ignored,
+                    "empty class folders": listing.empty_classes}
+        shown = [f"{len(names)} {what}" for what, names in left_out.items() if names]
         if shown:
-            print(f"note: {'; '.join(shown)} (listed in report.json)", file=out, flush=True)
+            print(f"note: {'; '.join(shown)} (listed in report.json)", flush=True)

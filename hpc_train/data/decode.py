@@ -51,10 +51,7 @@ def jpeg_decoder(environ=os.environ) -> str:
 
 def largest_reduction(short_side: float, needed: float) -> int:
     """The largest of 8, 4, 2, 1 that keeps `short_side / factor >= needed` (1 if none does)."""
-    for factor in REDUCTIONS:
-        if short_side >= factor * needed:
-            return factor
-    return 1
+    return next((factor for factor in REDUCTIONS if short_side >= factor * needed), 1)
 
 
 def _as_bytes(data) -> bytes | memoryview:
@@ -90,9 +87,7 @@ class Encoded:
 
     def pixels(self, reduce: int = 1) -> np.ndarray:
         """uint8 RGB HxWx3, decoded at 1/`reduce` scale (sides rounded up, as libjpeg does)."""
-        if self._pillow_only:
-            return self._pillow(reduce)
-        return self._simplejpeg(reduce)
+        return self._pillow(reduce) if self._pillow_only else self._simplejpeg(reduce)
 
     def _simplejpeg(self, reduce: int) -> np.ndarray:
         if reduce == 1:

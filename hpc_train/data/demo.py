@@ -72,10 +72,8 @@ def write_demo(out: Path, classes: int = 10, per_class: int = 60, val_per_class:
         raise DataError("demo: need --classes >= 2, --per-class >= 1, --val-per-class >= 0, "
                         "--size >= 16")
     out = Path(out)
-    if (out / "train").exists() or (out / "val").exists():
-        existing = [p for p in (out / "train", out / "val") if p.exists()]
-        if any(any(p.iterdir()) for p in existing):
-            raise DataError(f"{out}: already holds train/ or val/; choose an empty --out")
+    if any(p.exists() and any(p.iterdir()) for p in (out / "train", out / "val")):
+        raise DataError(f"{out}: already holds train/ or val/; choose an empty --out")
     rng = np.random.default_rng(seed)
     names = [class_name(k) for k in range(classes)]
     train_files = 0

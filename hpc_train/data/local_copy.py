@@ -13,7 +13,6 @@ ranks read the shared path.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -23,11 +22,11 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from hpc_train.data.manifest import sha256_file
 from hpc_train.errors import DataError
 from hpc_train.rundir import write_atomic
 
 VERDICT = ".copied-{token}.json"   # the copier's verdict for one launch, for the node's ranks
-_CHUNK = 8 << 20
 
 
 @dataclass(frozen=True)
@@ -83,18 +82,10 @@ def plan(shared: Path) -> list[Item]:
     return items
 
 
-def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def _intact(path: Path, item: Item) -> bool:
     if not path.is_file() or path.stat().st_size != item.source.stat().st_size:
         return False
-    return item.sha256 is None or sha256_of(path) == item.sha256
+    return item.sha256 is None or sha256_file(path) == item.sha256
 
 
 def _copy(item: Item, target: Path) -> int:
@@ -103,7 +94,7 @@ def _copy(item: Item, target: Path) -> int:
     target.parent.mkdir(parents=True, exist_ok=True)
     partial = target.with_name(f"{target.name}.part-{os.getpid()}")
     shutil.copyfile(item.source, partial)
-    if item.sha256 is not None and sha256_of(partial) != item.sha256:
+    if item.sha256 is not None and sha256_file(partial) != item.sha256:
         partial.unlink()
         raise DataError(f"data.copy_to: the copy of {item.source} does not match the manifest's "
                         "sha256 (is the shared file itself damaged? `data verify` it)")

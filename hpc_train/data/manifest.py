@@ -27,6 +27,14 @@ def shard_fingerprint(split: str, class_names: list[str], settings: dict,
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(8 << 20):
+            digest.update(block)
+    return digest.hexdigest()
+
+
 def read_sidecar(path: Path) -> dict | None:
     """The sidecar at path, or None when it is absent or half-written (treated as not done)."""
     try:
@@ -74,6 +82,15 @@ def listing_notes(listing) -> dict:
     return notes
 
 
+def train_class_names(shard_root) -> list[str] | None:
+    """The class names of the train split under `shard_root`; None when its manifest cannot be
+    read from here."""
+    try:
+        return list(json.loads((Path(shard_root) / "train" / MANIFEST).read_text())["class_names"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def find_split_dirs(root: Path, split: str | None = None) -> list[Path]:
     """Split folders under root (those with a manifest or sidecars); root itself if it is one."""
     root = Path(root)
@@ -94,16 +111,20 @@ def find_split_dirs(root: Path, split: str | None = None) -> list[Path]:
 
 
 def load_manifest(split_dir: Path) -> dict:
+    """The split's manifest.json, of the format this code reads."""
     path = split_dir / MANIFEST
-    if not path.exists():
-        done = len(list(split_dir.glob("shard-*.h5.json")))
-        raise DataError(f"{path}: missing; the conversion is incomplete ({done} shard sidecars "
-                        "present). Rerun `data shard` with the same arguments to finish it")
     try:
         manifest = json.loads(path.read_text())
-    except ValueError as exc:
-        raise DataError(f"{path}: not valid JSON ({exc})") from exc
-    if manifest.get("format_version") != FORMAT_VERSION:
-        raise DataError(f"{path}: format_version {manifest.get('format_version')!r}, "
-                        f"this code reads {FORMAT_VERSION}")
+    except FileNotFoundError:
+        done = len(list(split_dir.glob("shard-*.h5.json")))
+        raise DataError(f"{path} is missing: the split is incomplete (the converter writes the "
+                        f"manifest last; {done} shard sidecars present: rerun `data shard` with the "
+                        "same arguments to finish it) or the path is wrong") from None
+    except (OSError, ValueError) as exc:
+        raise DataError(f"{path} is unreadable: {exc}") from None
+    version = manifest.get("format_version")
+    if version != FORMAT_VERSION:
+        raise DataError(f"{path}: format_version {version!r} is not supported (this reader "
+                        f"reads version {FORMAT_VERSION}); convert again with this version of "
+                        "hpc_train or upgrade it")
     return manifest

@@ -18,10 +18,8 @@ class Progress:
         self.interval = interval
         self.images = self.shards = self.skipped = 0
         self.start = self._last = time.monotonic()
-        if use_bar is None:
-            use_bar = self.stream.isatty()
         self._bar = None
-        if use_bar and total_images:
+        if (self.stream.isatty() if use_bar is None else use_bar) and total_images:
             from rich.console import Console
             from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn
             from rich.progress import Progress as RichProgress

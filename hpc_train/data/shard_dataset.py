@@ -19,7 +19,7 @@ no checkpoint holds) goes in, so a resumed run draws the same crops for the same
 from __future__ import annotations
 
 import bisect
-import json
+import contextlib
 import os
 from collections import OrderedDict
 from pathlib import Path
@@ -28,29 +28,18 @@ import h5py
 import numpy as np
 from torch.utils.data import Dataset
 
+from hpc_train.data import manifest as mf
 from hpc_train.data.decode import DECODE_ERRORS, open_encoded
 from hpc_train.data.sampler import SampleKey, as_key
 from hpc_train.data.transforms import sample_rng
 from hpc_train.errors import DataError
 
-FORMAT_VERSION = 1
 
-
-def load_manifest(split_dir: str | os.PathLike) -> dict:
-    """The split's manifest.json, checked: known version, counts that add up."""
-    path = Path(split_dir) / "manifest.json"
-    try:
-        manifest = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise DataError(f"{path} is missing: the split is incomplete (the converter writes the "
-                        "manifest last) or the path is wrong") from None
-    except (OSError, ValueError) as exc:
-        raise DataError(f"{path} is unreadable: {exc}") from None
-    version = manifest.get("format_version")
-    if version != FORMAT_VERSION:
-        raise DataError(f"{path}: format_version {version!r} is not supported (this reader "
-                        f"reads version {FORMAT_VERSION}); convert again with this version of "
-                        "hpc_train or upgrade it")
+def readable_manifest(split_dir: Path) -> dict:
+    """The split's manifest.json as `mf.load_manifest` checks it, with a known encoding and
+    shard counts that add up: what reading samples relies on."""
+    path = split_dir / mf.MANIFEST
+    manifest = mf.load_manifest(split_dir)
     if manifest.get("encoding") not in ("jpeg", "raw"):
         raise DataError(f"{path}: encoding {manifest.get('encoding')!r} is neither jpeg nor raw")
     counts = [int(s["num_samples"]) for s in manifest["shards"]]
@@ -101,7 +90,7 @@ class ShardedImages(Dataset):
     def __init__(self, root: str | os.PathLike, split: str = "train", transform=None, *,
                  seed: int = 0, max_open: int = 64, max_gap: int = 4, decoder: str | None = None):
         self.split_dir = Path(root) / split
-        self.manifest = load_manifest(self.split_dir)
+        self.manifest = readable_manifest(self.split_dir)
         self.encoding = self.manifest["encoding"]
         self.class_names = list(self.manifest["class_names"])
         self.files = [self.split_dir / s["file"] for s in self.manifest["shards"]]
@@ -158,10 +147,8 @@ class ShardedImages(Dataset):
         self._open = OrderedDict()
 
     def __del__(self):
-        try:
+        with contextlib.suppress(Exception):   # interpreter shutdown: h5py may already be gone
             self.close()
-        except Exception:  # interpreter shutdown: h5py may already be gone
-            pass
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()

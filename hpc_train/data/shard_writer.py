@@ -7,7 +7,6 @@ or array task produces the same sha256 and the manifest is identical whoever wri
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import os
@@ -20,9 +19,9 @@ import h5py
 import numpy as np
 from PIL import Image
 
-from hpc_train.data.manifest import FORMAT_VERSION
-# A broken image surfaces as any of these from open() or load(); Pillow has no common base.
-_DECODE_ERRORS = (OSError, SyntaxError, ValueError, EOFError, Image.DecompressionBombError)
+from hpc_train.data.decode import DECODE_ERRORS
+from hpc_train.data.manifest import FORMAT_VERSION, sha256_file
+from hpc_train.rundir import fsync_path
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 
 
@@ -56,7 +55,7 @@ def _decode(data: bytes) -> Image.Image:
     except Image.UnidentifiedImageError as exc:
         # Its message names a BytesIO address, which would make report.json differ run to run.
         raise BadImage("not a recognised image format") from exc
-    except _DECODE_ERRORS as exc:
+    except DECODE_ERRORS as exc:   # a broken image, as open() or load() report one
         raise BadImage(f"{type(exc).__name__}: {_ADDRESS.sub('', str(exc))}") from exc
 
 
@@ -111,26 +110,10 @@ def tmp_suffix() -> str:
     return f".tmp-{socket.gethostname()}-{os.getpid()}"
 
 
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def _fsync_replace(tmp: Path, final: Path) -> None:
-    fd = os.open(tmp, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    fsync_path(tmp)
     os.replace(tmp, final)
-    dir_fd = os.open(final.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)  # make the rename itself durable
-    finally:
-        os.close(dir_fd)
+    fsync_path(final.parent)  # make the rename itself durable
 
 
 def write_text_atomic(path: Path, text: str) -> None:

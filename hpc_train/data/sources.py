@@ -59,10 +59,7 @@ def detect_layout(src: Path) -> str:
     """'folders' when some subdirectory holds images, else 'flat' (which needs --labels)."""
     if not src.is_dir():
         raise DataError(f"--src {src}: not a directory")
-    for sub in _visible_dirs(src):
-        if _images_under(sub, src):
-            return "folders"
-    return "flat"
+    return "folders" if any(_images_under(sub, src) for sub in _visible_dirs(src)) else "flat"
 
 
 def read_class_list(path: Path) -> list[str]:

@@ -81,18 +81,6 @@ def normalize_uint8(chw: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor)
     return chw.float().mul_(scale).add_(shift)
 
 
-def to_uint8_tensor(img) -> torch.Tensor:
-    """An RGB PIL image or uint8 HWC array -> uint8 CHW tensor (contiguous)."""
-    return torch.from_numpy(np.ascontiguousarray(np.asarray(img, dtype=np.uint8).transpose(2, 0, 1)))
-
-
-def to_normalized_tensor(img, mean=IMAGENET_MEAN, std=IMAGENET_STD) -> torch.Tensor:
-    """uint8 HWC -> float32 CHW, (x / 255 - mean) / std. Each torch op here is tiny: DataLoader
-    workers run single-threaded; a main process with several intra-op threads on a busy machine
-    makes these ops 10-100x slower (measured)."""
-    return normalize_uint8(to_uint8_tensor(img), *scale_shift(mean, std))
-
-
 def normalize_batch(images: torch.Tensor, mean=IMAGENET_MEAN, std=IMAGENET_STD) -> torch.Tensor:
     """A uint8 NCHW batch (transforms with normalize=False) -> normalised float, on its device."""
     scale, shift = (t.to(images.device) for t in scale_shift(mean, std))

@@ -71,26 +71,20 @@ def verify_split(split_dir: Path) -> tuple[dict | None, list[str]]:
     """(manifest, problems) for one split folder; each problem names its file."""
     import h5py
 
-    from hpc_train.data.shard_writer import sha256_file
-
     try:
         manifest = mf.load_manifest(split_dir)
     except DataError as exc:
         return None, [str(exc)]
     problems = []
-    listed = set()
-    total = 0
     for index, entry in enumerate(manifest["shards"]):
         path = split_dir / entry["file"]
-        listed.add(entry["file"])
-        total += entry["num_samples"]
         if not path.exists():
             problems.append(f"{path}: missing")
             continue
         size = path.stat().st_size
         if size != entry["bytes"]:
             problems.append(f"{path}: {size} bytes, manifest says {entry['bytes']}")
-        if sha256_file(path) != entry["sha256"]:
+        if mf.sha256_file(path) != entry["sha256"]:
             problems.append(f"{path}: sha256 differs from the manifest")
         try:
             with h5py.File(path, "r") as f:
@@ -99,9 +93,11 @@ def verify_split(split_dir: Path) -> tuple[dict | None, list[str]]:
         except (OSError, KeyError, ValueError) as exc:
             found = [f"cannot read as HDF5 ({exc})"]
         problems += [f"{path}: {p}" for p in found]
+    total = sum(entry["num_samples"] for entry in manifest["shards"])
     if total != manifest["num_samples"]:
         problems.append(f"{split_dir / mf.MANIFEST}: num_samples {manifest['num_samples']} but "
                         f"the shards hold {total}")
+    listed = {entry["file"] for entry in manifest["shards"]}
     for stray in sorted(split_dir.glob("shard-*.h5")):
         if stray.name not in listed:
             problems.append(f"{stray}: not in the manifest (left from another conversion?)")
@@ -129,10 +125,8 @@ def _human_bytes(n: int) -> str:
     return f"{n:.1f} TiB"
 
 
-def render_info(rows: list[dict], tty: bool) -> str | None:
-    """Plain text for pipes; None means 'print a rich table' (done by the caller on a tty)."""
-    if tty:
-        return None
+def render_info(rows: list[dict]) -> str:
+    """Plain text for pipes (a terminal gets print_rich_info's table)."""
     lines = []
     for r in rows:
         if not r["complete"]:

@@ -31,9 +31,7 @@ OUTPUT, ERRORS, SCRIPT = "job.out", "job.err", "doctor.sbatch"
 def job_memory_mb(smallest: int | None) -> int:
     """What the job asks per node: DEFAULT_MEM_MB, or less on nodes that are smaller. Some
     memory is asked for at all because without --mem a job may be given the whole node."""
-    if not smallest:
-        return DEFAULT_MEM_MB
-    return max(1, min(DEFAULT_MEM_MB, smallest // 2))
+    return max(1, min(DEFAULT_MEM_MB, smallest // 2)) if smallest else DEFAULT_MEM_MB
 
 
 def inner_timeout(time_limit: str) -> float:

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import json
-import sys
 from concurrent.futures import ThreadPoolExecutor
 
+from hpc_train.argtypes import print_result
 from hpc_train.doctor.checks import ALL_CHECKS, Check, Status
 
 _COLOURS = {Status.OK: "green", Status.WARN: "yellow", Status.FAIL: "bold red"}
@@ -52,10 +52,5 @@ def print_table(rows: list[Check]) -> None:
 
 def main(json_output: bool) -> int:
     rows = run_checks()
-    if json_output:
-        print(as_json(rows))
-    elif sys.stdout.isatty():
-        print_table(rows)
-    else:
-        print(as_text(rows))
+    print_result(json_output, as_json(rows), lambda: print_table(rows), lambda: as_text(rows))
     return exit_code(rows)

@@ -5,9 +5,9 @@ its row; the problems, then the one-line verdict, come last, where a terminal le
 from __future__ import annotations
 
 import json
-import sys
 from collections.abc import Mapping
 
+from hpc_train.argtypes import print_result
 from hpc_train.doctor.compare import FACTS, describe
 
 
@@ -75,10 +75,5 @@ def print_table(report: Mapping) -> None:
 
 
 def show(report: Mapping, json_output: bool) -> int:
-    if json_output:
-        print(json.dumps(report, indent=2))
-    elif sys.stdout.isatty():
-        print_table(report)
-    else:
-        print(as_text(report))
+    print_result(json_output, json.dumps(report, indent=2), lambda: print_table(report), lambda: as_text(report))
     return 0 if report["ok"] else 1

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from hpc_train.argtypes import positive_int
+from hpc_train.argtypes import add_command, positive_int
 
 
 def _evaluate(args: argparse.Namespace) -> int:
@@ -20,8 +20,8 @@ def _evaluate(args: argparse.Namespace) -> int:
 
 
 def register(commands) -> None:
-    parser = commands.add_parser(
-        "evaluate", help="evaluate a run's checkpoint: top-1/top-5, loss, per class, images/s",
+    parser = add_command(
+        commands, "evaluate", _evaluate, help="evaluate a run's checkpoint: top-1/top-5, loss, per class, images/s",
         description="Load RUN_DIR's checkpoint (default: the latest complete one) with the run's "
                     "own spec and evaluate it on a split of its data, in one process or over the "
                     "ranks of mpirun/srun. On the checkpoint that the trainer evaluated last it "
@@ -37,4 +37,3 @@ def register(commands) -> None:
     parser.add_argument("--backend", choices=("horovod", "ddp"),
                         help="collectives between ranks (default: the run's parallel.backend)")
     parser.add_argument("--json", action="store_true", help="print the document, not the summary")
-    parser.set_defaults(handler=_evaluate)

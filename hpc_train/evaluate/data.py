@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
+from hpc_train.data.manifest import train_class_names
 from hpc_train.errors import UsageError
 
 _SPLIT = re.compile(r"[A-Za-z0-9_-]+")    # it becomes part of a file name
@@ -37,15 +37,6 @@ def _shard_root(spec, split: str, data: str | None) -> Path | None:
                      f"--split one of those, or --data a shard directory that has {split}/")
 
 
-def _training_classes(spec) -> list[str] | None:
-    """The class names the run trained on, when its training manifest is readable here."""
-    try:
-        return list(json.loads((Path(spec.data.path) / "train" / "manifest.json").read_text())
-                    ["class_names"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-
-
 def evaluation_data(spec, split: str, data: str | None):
     """(dataset, class names or None, where the samples come from) for `evaluate`."""
     from hpc_train.train.data import evaluation_dataset
@@ -59,7 +50,7 @@ def evaluation_data(spec, split: str, data: str | None):
         return evaluation_dataset(spec, split), None, f"synthetic {split}"
     dataset = evaluation_dataset(spec, split, root)
     names = dataset.class_names
-    trained = _training_classes(spec) if data is not None else None
+    trained = train_class_names(spec.data.path) if data is not None else None
     if len(names) != spec.data.num_classes or (trained is not None and names != trained):
         raise UsageError(f"{root / split}: its {len(names)} classes are not the "
                          f"{spec.data.num_classes} the run was trained on (names and order must "

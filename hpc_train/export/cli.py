@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from hpc_train.argtypes import positive_int
+from hpc_train.argtypes import add_command, positive_int
 
 
 def _export(args: argparse.Namespace) -> int:
@@ -18,8 +18,8 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def register(commands) -> None:
-    parser = commands.add_parser(
-        "export", help="write a run's weights (torchvision names) and metadata to one file",
+    parser = add_command(
+        commands, "export", _export, help="write a run's weights (torchvision names) and metadata to one file",
         description="Write RUN_DIR's checkpoint (default: the latest complete one) as FILE: "
                     "{'state_dict': weights with torchvision's names, 'meta': model, options, "
                     "class names, input size, mean/std, spec hash, step}, readable with "
@@ -31,4 +31,3 @@ def register(commands) -> None:
                         help="the checkpoint's step (default: the latest complete)")
     parser.add_argument("--format", choices=("state_dict", "torchscript"), default="state_dict",
                         help="state_dict (default) or torchscript")
-    parser.set_defaults(handler=_export)

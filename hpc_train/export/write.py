@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from hpc_train.data.manifest import train_class_names
 from hpc_train.errors import UsageError
 from hpc_train.export.meta import META_FILE, export_meta
 from hpc_train.rundir import write_atomic
@@ -30,16 +31,6 @@ class Exported:
     path: Path
     step: int
     meta: dict
-
-
-def _class_names(spec) -> list[str] | None:
-    if spec.data.kind != "hdf5":
-        return None
-    try:
-        return list(json.loads((Path(spec.data.path) / "train" / "manifest.json").read_text())
-                    ["class_names"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None      # shards not visible from here: the file says so with an empty list
 
 
 def _check_output(output: str | os.PathLike) -> Path:
@@ -70,8 +61,10 @@ def export_run(run_dir: str, output: str | os.PathLike, step: int | None = None,
     step = choose_step(paths, step)
     saved = SavedCheckpoint(paths, spec, step)
     model = saved.model()
+    # Shards not visible from here: the file says so with an empty list of class names.
+    names = train_class_names(spec.data.path) if spec.data.kind == "hdf5" else None
     meta = export_meta(spec, step=step, spec_hash=saved.spec_hash, run_dir=str(paths.root),
-                       class_names=_class_names(spec), fmt=fmt)
+                       class_names=names, fmt=fmt)
     if fmt == "torchscript":
         data = _torchscript_bytes(model, meta)
     else:

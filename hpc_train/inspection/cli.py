@@ -4,6 +4,7 @@ imports only)."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import re
 import sys
@@ -11,7 +12,7 @@ import time
 from pathlib import Path
 
 from hpc_train import scheduler
-from hpc_train.argtypes import positive_int
+from hpc_train.argtypes import add_command, positive_int
 from hpc_train.errors import InspectError
 from hpc_train.rundir import RunPaths
 
@@ -120,12 +121,10 @@ def _logs(args: argparse.Namespace) -> int:
     paths = RunPaths(find_run(args.run_dir, Path(args.root)))
     ranks = None if args.all_ranks else [args.rank]
     prefix = args.all_ranks
-    try:
+    with contextlib.suppress(KeyboardInterrupt, BrokenPipeError):
         logs.write(logs.select(paths, ranks, args.run, args.grep), prefix)
         if args.follow:
             logs.follow(paths, ranks, args.grep, prefix)
-    except (KeyboardInterrupt, BrokenPipeError):
-        pass
     return 0
 
 
@@ -137,10 +136,7 @@ def _diagnose(args: argparse.Namespace) -> int:
     job_ids = events.job_ids(events.read(paths))
     slurm = scheduler.live_state(job_ids[-1]) if args.slurm and job_ids and args.run is None else None
     result = diagnose.diagnose(paths, args.run, slurm)
-    if args.json:
-        print(json.dumps(result.to_json(), indent=1))
-    else:
-        print(text.diagnosis_text(result))
+    print(json.dumps(result.to_json(), indent=1) if args.json else text.diagnosis_text(result))
     return 0
 
 
@@ -172,8 +168,8 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 
 def register(commands: argparse._SubParsersAction) -> None:
-    status = commands.add_parser(
-        "status", help="state, progress, throughput, ETA and health of runs",
+    status = add_command(
+        commands, "status", _status, help="state, progress, throughput, ETA and health of runs",
         description="Read the run directory (events, metrics, heartbeats, checkpoints) and add "
                     "Slurm's live state (squeue, sacct) where it answers.")
     status.add_argument("targets", nargs="*", metavar="RUN_DIR|JOB_ID")
@@ -189,10 +185,9 @@ def register(commands: argparse._SubParsersAction) -> None:
     status.add_argument("--no-slurm", dest="slurm", action="store_false",
                         help="do not ask squeue/sacct; the events alone give the state")
     _common(status)
-    status.set_defaults(handler=_status)
 
-    logs = commands.add_parser(
-        "logs", help="per-rank logs, merged by time, one run (requeue) at a time",
+    logs = add_command(
+        commands, "logs", _logs, help="per-rank logs, merged by time, one run (requeue) at a time",
         description="Print rank N's log (default 0) or all ranks merged by time with [rank N] "
                     "prefixes; --run K keeps the K-th run (0 = first start, -1 = last).")
     logs.add_argument("run_dir", metavar="RUN_DIR|JOB_ID")
@@ -203,10 +198,9 @@ def register(commands: argparse._SubParsersAction) -> None:
     logs.add_argument("--grep", metavar="REGEX", help="only lines matching REGEX")
     logs.add_argument("--follow", "-f", action="store_true", help="keep printing new lines (Ctrl-C)")
     _common(logs)
-    logs.set_defaults(handler=_logs)
 
-    diag = commands.add_parser(
-        "diagnose", help="the first failed rank, its traceback, and known failure signatures",
+    diag = add_command(
+        commands, "diagnose", _diagnose, help="the first failed rank, its traceback, and known failure signatures",
         description="Find the first rank that failed from the rank logs (first traceback by "
                     "time), cross-check with rank_failed events, and match known signatures "
                     "(OOM, NCCL/Gloo, stalls, mpirun, Slurm limits, shards, spec) with fixes.")
@@ -215,17 +209,16 @@ def register(commands: argparse._SubParsersAction) -> None:
     diag.add_argument("--json", action="store_true", help="machine-readable output")
     diag.add_argument("--no-slurm", dest="slurm", action="store_false", help="do not ask sacct")
     _common(diag)
-    diag.set_defaults(handler=_diagnose)
 
-    plot = commands.add_parser(
-        "plot", help="loss, accuracy, LR and throughput against step, requeues marked (PNG)")
+    plot = add_command(
+        commands, "plot", _plot, help="loss, accuracy, LR and throughput against step, requeues marked (PNG)")
     plot.add_argument("run_dir", metavar="RUN_DIR|JOB_ID")
     plot.add_argument("-o", "--output", required=True, metavar="FILE.png")
     _common(plot)
-    plot.set_defaults(handler=_plot)
 
-    report = commands.add_parser(
-        "report", help="efficiency of a run across its requeues: hours used, CPU, memory, GPU, lost time",
+    report = add_command(
+        commands, "report", _report,
+        help="efficiency of a run across its requeues: hours used, CPU, memory, GPU, lost time",
         description="Core- and GPU-hours, CPU efficiency and peak memory from sacct (every run "
                     "segment), GPU utilisation from the ranks' NVML samples, images per GPU-hour "
                     "(core-hour on CPU jobs), time lost to requeues and checkpoint saves from the "
@@ -238,4 +231,3 @@ def register(commands: argparse._SubParsersAction) -> None:
     report.add_argument("--no-plot", dest="plot", action="store_false",
                         help="do not write RUN_DIR/timeline.png")
     _common(report)
-    report.set_defaults(handler=_report)

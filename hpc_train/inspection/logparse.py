@@ -63,10 +63,7 @@ _RANK_START = re.compile(r" rank \d+/\d+ \(local \d+\) pid \d+ on ([^\s,]+)")
 
 def rank_host(lines: Iterable[Line]) -> str | None:
     """The node a rank ran on, from the worker's first line (see _RANK_START)."""
-    for line in lines:
-        if match := _RANK_START.search(line.text):
-            return match.group(1)
-    return None
+    return next((match.group(1) for line in lines if (match := _RANK_START.search(line.text))), None)
 
 
 def run_index(line_time: float, starts: list[float]) -> int:

@@ -105,13 +105,12 @@ def write(lines: Iterable[Line], prefix: bool, out=None) -> int:
 
 
 def follow(paths: RunPaths, ranks: list[int] | None, pattern: str | None, prefix: bool,
-           interval: float = 0.5, out=None, stop=lambda: False) -> None:
+           interval: float = 0.5) -> None:
     """Print lines as the ranks append them (new rank logs included) until interrupted."""
-    out = out or sys.stdout
     regex = _compile(pattern) if pattern else None
     offsets = {rank: path.stat().st_size for rank, path in rank_logs(paths).items()}
     partial: dict[int, str] = {}
-    while not stop():
+    while True:
         for rank, path in rank_logs(paths).items():
             if ranks is not None and rank not in ranks:
                 continue
@@ -122,6 +121,6 @@ def follow(paths: RunPaths, ranks: list[int] | None, pattern: str | None, prefix
             *complete, partial[rank] = (partial.get(rank, "") + chunk).split("\n")
             for text in complete:
                 if regex is None or regex.search(text):
-                    out.write((f"[rank {rank}] {text}" if prefix else text) + "\n")
-        out.flush()
+                    sys.stdout.write(format_line(Line(0.0, rank, text), prefix) + "\n")
+        sys.stdout.flush()
         time.sleep(interval)

@@ -101,23 +101,31 @@ def print_status(statuses: list[RunStatus], out=None) -> None:
         console.print(table)
 
 
+def print_table(header, rows, styles=None, title: str | None = None, out=None):
+    """`rows` under `header`: a rich table on a terminal (`styles`: one per row), else
+    tab-separated lines, the title first. Returns the console, for what follows the table."""
+    console = _console(out)
+    if not console.is_terminal:
+        lines = [*([title] if title else []), "\t".join(header), *("\t".join(row) for row in rows)]
+        console.file.write("".join(line + "\n" for line in lines))
+        return console
+    from rich.table import Table
+
+    table = Table(*header, title=title, title_justify="left")
+    for row, style in zip(rows, styles or [""] * len(rows)):
+        table.add_row(*row, style=style)
+    console.print(table)
+    return console
+
+
 def print_runs(statuses: list[RunStatus], out=None) -> None:
     """`status --all`: one line per run."""
-    console = _console(out)
     header = ("run", "job", "state", "step", "loss", "throughput", "eta", "health")
     rows = [(s.name, s.job_id or "-", s.state,
              "-" if s.step is None else f"{s.step}/{s.total_steps or '?'}", _num(s.loss),
              f"{s.throughput.recent:,.0f} {s.throughput.unit}" if s.throughput else "-",
              duration(s.eta_seconds), s.health.message) for s in statuses]
-    if not console.is_terminal:
-        console.file.write("\t".join(header) + "\n" + "".join("\t".join(r) + "\n" for r in rows))
-        return
-    from rich.table import Table
-
-    table = Table(*header)
-    for s, row in zip(statuses, rows):
-        table.add_row(*row, style=_STATE_STYLE.get(s.state, ""))
-    console.print(table)
+    print_table(header, rows, [_STATE_STYLE.get(s.state, "") for s in statuses], out=out)
 
 
 def stop_words(stop: dict) -> str:

@@ -145,29 +145,20 @@ class ResNet(nn.Module):
         return self.fc(x)
 
 
-def _torchvision(block: Block, layers: Sequence[int], num_classes: int, options: dict) -> ResNet:
-    chosen = ResNetOptions(**options)   # names and defaults: models/catalog.py
-    return ResNet(block, layers, num_classes, chosen.zero_init_residual)
+def _torchvision(block: Block, layers: Sequence[int]):
+    """The builder of one of torchvision's ResNets: `builder(num_classes, **options)`."""
+    def build(num_classes: int = 1000, **options) -> ResNet:
+        chosen = ResNetOptions(**options)   # names and defaults: models/catalog.py
+        return ResNet(block, layers, num_classes, chosen.zero_init_residual)
+
+    return build
 
 
-def resnet18(num_classes: int = 1000, **options) -> ResNet:
-    return _torchvision(BasicBlock, [2, 2, 2, 2], num_classes, options)
-
-
-def resnet34(num_classes: int = 1000, **options) -> ResNet:
-    return _torchvision(BasicBlock, [3, 4, 6, 3], num_classes, options)
-
-
-def resnet50(num_classes: int = 1000, **options) -> ResNet:
-    return _torchvision(Bottleneck, [3, 4, 6, 3], num_classes, options)
-
-
-def resnet101(num_classes: int = 1000, **options) -> ResNet:
-    return _torchvision(Bottleneck, [3, 4, 23, 3], num_classes, options)
-
-
-def resnet152(num_classes: int = 1000, **options) -> ResNet:
-    return _torchvision(Bottleneck, [3, 8, 36, 3], num_classes, options)
+resnet18 = _torchvision(BasicBlock, [2, 2, 2, 2])
+resnet34 = _torchvision(BasicBlock, [3, 4, 6, 3])
+resnet50 = _torchvision(Bottleneck, [3, 4, 6, 3])
+resnet101 = _torchvision(Bottleneck, [3, 4, 23, 3])
+resnet152 = _torchvision(Bottleneck, [3, 8, 36, 3])
 
 
 def resnet_tiny(num_classes: int = 10, **options) -> ResNet:

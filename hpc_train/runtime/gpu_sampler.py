@@ -12,6 +12,7 @@ none is set (a machine of one's own).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import socket
 import threading
@@ -99,10 +100,8 @@ class GpuSampler:
     def close(self) -> None:
         self._stop.set()
         self._thread.join(timeout=5)
-        try:
+        with contextlib.suppress(Exception):
             self.nvml.nvmlShutdown()
-        except Exception:  # noqa: BLE001
-            pass
 
 
 def start_sampler(path: Path, environ: Mapping[str, str], local_rank: int,

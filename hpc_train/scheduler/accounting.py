@@ -40,8 +40,7 @@ class Segment:
 
     @property
     def max_rss(self) -> int | None:
-        found = [s.max_rss for s in self.steps if s.max_rss is not None]
-        return max(found) if found else None
+        return max((s.max_rss for s in self.steps if s.max_rss is not None), default=None)
 
 
 def parse_memory(text: str, bare: str = "") -> int | None:
@@ -66,9 +65,7 @@ def parse_req_mem(text: str, cpus: int, nodes: int) -> int | None:
 def gpus_of(tres: str) -> int:
     """GPUs in an AllocTRES list: the untyped gres/gpu count (typed ones repeat it)."""
     untyped = re.search(r"gres/gpu=(\d+)", tres)
-    if untyped:
-        return int(untyped.group(1))
-    return sum(int(n) for n in _GPUS.findall(tres))
+    return int(untyped.group(1)) if untyped else sum(int(n) for n in _GPUS.findall(tres))
 
 
 def parse_segments(text: str) -> list[Segment]:

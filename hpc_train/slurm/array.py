@@ -19,7 +19,7 @@ from pathlib import Path
 
 from hpc_train import events
 from hpc_train.errors import SpecError, SubmitError
-from hpc_train.rundir import RunPaths
+from hpc_train.rundir import RunPaths, new_stamped_dir
 from hpc_train.slurm.options import Options
 from hpc_train.slurm.script import run_options, script_parts
 from hpc_train.slurm.submit import slurm_executor, with_options
@@ -47,21 +47,14 @@ def member_job(job_id: str, index: int) -> str:
 def new_prefix(root: str | Path, name: str, count: int, now: datetime | None = None) -> Path:
     """A prefix whose member directories 0..count-1 are all new; they are created here (the
     first one exclusively, so two sweeps started in the same second do not share a prefix)."""
-    stamp = (now or datetime.now()).strftime("%Y%m%d-%H%M%S")
-    base = Path(root).resolve() / f"{name}-{stamp}"
-    candidate, n = base, 1
-    while True:
-        try:
-            member_dir(candidate, 0).mkdir(parents=True)
-            if not any(member_dir(candidate, k).exists() for k in range(1, count)):
-                break
-        except FileExistsError:
-            pass
-        n += 1
-        candidate = base.with_name(f"{base.name}-{n}")
+    def free(prefix: Path) -> bool:
+        member_dir(prefix, 0).mkdir(parents=True)
+        return not any(member_dir(prefix, k).exists() for k in range(1, count))
+
+    prefix = new_stamped_dir(root, name, free, now)
     for k in range(count):
-        RunPaths(member_dir(candidate, k)).make_dirs()
-    return candidate
+        RunPaths(member_dir(prefix, k)).make_dirs()
+    return prefix
 
 
 def array_range(indices: list[int], parallelism: int) -> str:
@@ -85,13 +78,10 @@ def array_driver_command(python: str, prefix: Path) -> str:
             + shlex.quote(f"{prefix}{MEMBER}") + '"${SLURM_ARRAY_TASK_ID}"')
 
 
-def _escape(path: Path) -> str:
-    return str(path).replace("%", "%%")    # sbatch reads % in --output as a pattern
-
-
 def member_outputs(prefix: Path) -> Options:
     """submitit's output/error for every task: the member's own submitit/ folder."""
-    folder = f"{_escape(prefix)}{MEMBER}%a/submitit/%A_%a_0_log"
+    escaped = str(prefix).replace("%", "%%")    # sbatch reads % in --output as a pattern
+    folder = f"{escaped}{MEMBER}%a/submitit/%A_%a_0_log"
     return {"output": f"{folder}.out", "error": f"{folder}.err"}
 
 
@@ -107,21 +97,22 @@ def _check_shared_options(specs: dict[int, JobSpec]) -> None:
                             "run.name and slurm.* for all members, not per member")
 
 
-def _array_parts(specs: dict[int, JobSpec], prefix: Path, python: str, parallelism: int,
-                 options: Options | None):
+def _array_job(specs: dict[int, JobSpec], prefix: Path, python: str, parallelism: int,
+               options: Options | None):
+    """(submitit's executor for the array, the driver line of its script)."""
     first = min(specs)
     _check_shared_options(specs)
     parts = script_parts(specs[first], RunPaths(member_dir(prefix, first)), python)
     parts = with_options(parts, {"array": array_range(list(specs), parallelism), **(options or {})})
-    return replace(parts, driver=array_driver_command(python, prefix)), first
+    driver = array_driver_command(python, prefix)
+    return slurm_executor(RunPaths(member_dir(prefix, first)), replace(parts, driver=driver),
+                          member_outputs(prefix)), driver
 
 
 def planned_array_script(specs: dict[int, JobSpec], prefix: Path, parallelism: int,
                          python: str = sys.executable, options: Options | None = None) -> str:
     """The script `submit_array` would hand to sbatch; nothing is created."""
-    parts, first = _array_parts(specs, prefix, python, parallelism, options)
-    executor = slurm_executor(RunPaths(member_dir(prefix, first)), parts, member_outputs(prefix))
-    return script_text(executor, parts.driver)
+    return script_text(*_array_job(specs, prefix, python, parallelism, options))
 
 
 def submit_array(specs: dict[int, JobSpec], prefix: Path, parallelism: int,
@@ -130,10 +121,8 @@ def submit_array(specs: dict[int, JobSpec], prefix: Path, parallelism: int,
     """Submit members `specs` (index -> spec, each spec.yaml already in its run directory) as
     one array; records `submitted` (`resubmitted` when `again`) in each member's events with its
     `<array>_<index>` id."""
-    parts, first = _array_parts(specs, prefix, python, parallelism, options)
-    executor = slurm_executor(RunPaths(member_dir(prefix, first)), parts, member_outputs(prefix))
     try:
-        job = submit_command(executor, parts.driver)
+        job = submit_command(*_array_job(specs, prefix, python, parallelism, options))
     except Exception as exc:  # submitit raises plain errors for sbatch failures
         for index in specs:
             events.try_record(RunPaths(member_dir(prefix, index)), events.submit_failed(str(exc)))

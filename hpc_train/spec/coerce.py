@@ -106,9 +106,7 @@ def coerce(value: Any, tp: Any, key: str, report: Report, example: Any = None) -
         real = [option for option in options if option is not type(None)]
         if len(real) == 1:  # Optional[X]: X's own, more precise, message
             return coerce(value, real[0], key, report, example)
-        for option in options:
-            if option is type(None):
-                continue
+        for option in real:
             converted = coerce(value, option, key, lambda _p: None, example)
             if converted is not INVALID:
                 return converted

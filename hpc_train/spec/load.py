@@ -97,12 +97,15 @@ def _declared(cls: type | None, given: dict, key: str, problems: list[Problem]) 
     section and converted; only the keys given are kept (see spec_field's `declared_by`)."""
     if cls is None:   # the field it depends on is invalid, and already reported
         return given
-    built = _build(cls, given, key + ".", problems)
+    built = build_dataclass(cls, given, key + ".", problems)
     return INVALID if built is INVALID else {name: getattr(built, name) for name in given}
 
 
-def _build(cls: type, raw: dict, prefix: str, problems: list[Problem]) -> Any:
-    """An instance of the dataclass `cls` from `raw`, or INVALID after reporting problems."""
+def build_dataclass(cls: type, raw: dict, prefix: str, problems: list[Problem]) -> Any:
+    """An instance of the frozen dataclass `cls` (fields made with schema.spec_field) from `raw`,
+    checked like a spec section: unknown keys with a suggestion, types, limits, rules. Returns
+    INVALID (coerce.INVALID) after appending the problems, keys prefixed with `prefix`. Other
+    strict file formats (workflows) use it, so every file of ours reports problems one way."""
     fields = dataclasses.fields(cls)
     names = [f.name for f in fields]
     before = len(problems)
@@ -115,37 +118,26 @@ def _build(cls: type, raw: dict, prefix: str, problems: list[Problem]) -> Any:
         is_section = dataclasses.is_dataclass(tp)
         if f.name not in raw:
             if is_section and _required(f):
-                kwargs[f.name] = _build(tp, {}, key + ".", problems)
+                kwargs[f.name] = build_dataclass(tp, {}, key + ".", problems)
             elif _required(f):
                 problems.append(Problem(key, None, "required key is missing",
                                         f"add it, e.g. {key}: {f.metadata.get('example')}"))
             continue
         value = raw[f.name]
         if is_section:
-            if value is None:  # `optim:` with everything under it commented out
-                value = {}
+            value = {} if value is None else value   # `optim:` with everything under it commented out
             if not isinstance(value, dict):
                 problems.append(value_problem(key, value, "a section must be a mapping of keys",
                                               f"indent 'key: value' lines under '{f.name}:'"))
                 continue
-            kwargs[f.name] = _build(tp, value, key + ".", problems)
+            kwargs[f.name] = build_dataclass(tp, value, key + ".", problems)
         else:
             kwargs[f.name] = _leaf(f, tp, value, key, problems)
             declared_by = f.metadata.get("declared_by")
             if declared_by and kwargs[f.name] is not INVALID:
                 section = {g.name: kwargs.get(g.name, g.default) for g in fields}  # + defaults
                 kwargs[f.name] = _declared(declared_by(section), kwargs[f.name], key, problems)
-    if len(problems) > before:
-        return INVALID
-    return cls(**kwargs)
-
-
-def build_dataclass(cls: type, raw: dict, prefix: str, problems: list[Problem]) -> Any:
-    """An instance of the frozen dataclass `cls` (fields made with schema.spec_field) from `raw`,
-    checked like a spec section: unknown keys with a suggestion, types, limits, rules. Returns
-    INVALID (coerce.INVALID) after appending the problems, keys prefixed with `prefix`. Other
-    strict file formats (workflows) use it, so every file of ours reports problems one way."""
-    return _build(cls, raw, prefix, problems)
+    return INVALID if len(problems) > before else cls(**kwargs)
 
 
 def build_spec(data: dict, overrides: Iterable[str] = ()) -> tuple[JobSpec | None, list[Problem],
@@ -153,7 +145,7 @@ def build_spec(data: dict, overrides: Iterable[str] = ()) -> tuple[JobSpec | Non
     """(spec or None, errors, warnings) from raw YAML data and KEY=VALUE overrides."""
     merged, keys, problems = apply_overrides(data, overrides)
     merged, moved, deprecations = move_deprecated_keys(merged)
-    spec = _build(JobSpec, merged, "", problems)
+    spec = build_dataclass(JobSpec, merged, "", problems)
     problems = name_written_keys(mark_overridden(problems, keys), moved)
     if problems or spec is INVALID:
         return None, problems, []

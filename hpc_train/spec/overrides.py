@@ -8,15 +8,14 @@ Precedence, in one place: command line > file > schema defaults.
 from __future__ import annotations
 
 import copy
-import re
 from typing import Iterable
 
 import yaml
 
 from hpc_train.spec.problems import Problem, show
+from hpc_train.spec.values import DOTTED_KEY
 from hpc_train.spec.yaml_io import parse_yaml, yaml_error_line
 
-_KEY = re.compile(r"[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)+")
 FROM_SET = " (from --set)"
 
 
@@ -28,7 +27,7 @@ def apply_overrides(data: dict, overrides: Iterable[str]) -> tuple[dict, set[str
     for item in overrides:
         key, sep, text = item.partition("=")
         key = key.strip()
-        if not sep or not _KEY.fullmatch(key):
+        if not sep or not DOTTED_KEY.fullmatch(key):
             problems.append(Problem(f"--set {item!r}", None,
                                     "expected SECTION.KEY=VALUE with a dotted key",
                                     "write e.g. --set optim.base_lr=0.2"))
@@ -64,10 +63,12 @@ def _set_path(data: dict, parts: list[str], value: object) -> Problem | None:
     return None
 
 
+def under(key: str, keys) -> bool:
+    """Whether `key` is one of `keys` or inside one (`a.b` and `a[0]` are inside `a`)."""
+    return any(key == k or key.startswith((k + ".", k + "[")) for k in keys)
+
+
 def mark_overridden(problems: list[Problem], keys: set[str]) -> list[Problem]:
     """Label problems whose key came from --set, so the user looks at the command, not the file."""
-    def from_set(key: str) -> bool:
-        return any(key == k or key.startswith((k + ".", k + "[")) for k in keys)
-
     return [Problem(p.key + FROM_SET, p.given, p.rule, p.fix, p.severity)
-            if from_set(p.key) else p for p in problems]
+            if under(p.key, keys) else p for p in problems]

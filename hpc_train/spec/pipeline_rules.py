@@ -7,6 +7,8 @@ micro-batches that do not split the batch) or fail only after the queue wait.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from hpc_train.models.catalog import GptOptions
 from hpc_train.parallel.layout import Parallelism, ParallelLayout
 from hpc_train.spec.problems import Problem
@@ -23,143 +25,130 @@ def gpt_blocks(spec: JobSpec) -> int:
     return gpt_options(spec).layers + 2 if spec.model.name == "gpt" else 0
 
 
-def model_matches_data(spec: JobSpec) -> list[Problem]:
+def model_matches_data(spec: JobSpec) -> Iterator[Problem]:
     gpt, tokens = spec.model.name == "gpt", spec.data.kind in TOKEN_KINDS
     if gpt and not tokens:
-        return [Problem("data.kind", f"{spec.data.kind!r} with model.name 'gpt'",
-                        "the gpt model trains on token sequences, not images",
-                        "set data.kind: text (a generated corpus) or data.kind: tokens "
-                        "(shards from `python -m hpc_train data tokenize`)")]
+        yield Problem("data.kind", f"{spec.data.kind!r} with model.name 'gpt'",
+                      "the gpt model trains on token sequences, not images",
+                      "set data.kind: text (a generated corpus) or data.kind: tokens "
+                      "(shards from `python -m hpc_train data tokenize`)")
     if tokens and not gpt:
-        return [Problem("model.name", f"{spec.model.name!r} with data.kind {spec.data.kind!r}",
-                        "token data needs a language model", "set model.name: gpt")]
-    return []
+        yield Problem("model.name", f"{spec.model.name!r} with data.kind {spec.data.kind!r}",
+                      "token data needs a language model", "set model.name: gpt")
 
 
-def byte_vocabulary(spec: JobSpec) -> list[Problem]:
+def byte_vocabulary(spec: JobSpec) -> Iterator[Problem]:
     if spec.data.kind in TOKEN_KINDS and spec.data.vocab_size != BYTE_VOCAB:
-        return [Problem("data.vocab_size", f"{spec.data.vocab_size} with data.kind "
-                        f"{spec.data.kind!r}", f"byte tokens take {BYTE_VOCAB} values, the "
-                        "vocabulary of the gpt model", f"set data.vocab_size: {BYTE_VOCAB}")]
-    return []
+        yield Problem("data.vocab_size", f"{spec.data.vocab_size} with data.kind "
+                      f"{spec.data.kind!r}", f"byte tokens take {BYTE_VOCAB} values, the "
+                      "vocabulary of the gpt model", f"set data.vocab_size: {BYTE_VOCAB}")
 
 
-def heads_divide_width(spec: JobSpec) -> list[Problem]:
+def heads_divide_width(spec: JobSpec) -> Iterator[Problem]:
     if spec.model.name != "gpt":
-        return []
+        return
     options = gpt_options(spec)
-    if options.dim % options.heads == 0:
-        return []
-    fits = max(h for h in range(1, options.heads) if options.dim % h == 0)
-    return [Problem("model.options.heads", f"{options.heads} with model.options.dim {options.dim}",
-                    "each attention head takes dim / heads channels, so heads must divide dim",
-                    f"set model.options.heads: {fits}, or a dim that {options.heads} divides")]
+    if options.dim % options.heads:
+        fits = max(h for h in range(1, options.heads) if options.dim % h == 0)
+        yield Problem("model.options.heads", f"{options.heads} with model.options.dim {options.dim}",
+                      "each attention head takes dim / heads channels, so heads must divide dim",
+                      f"set model.options.heads: {fits}, or a dim that {options.heads} divides")
 
 
-def pipeline_needs_gpt(spec: JobSpec) -> list[Problem]:
+def pipeline_needs_gpt(spec: JobSpec) -> Iterator[Problem]:
     if spec.uses_pipeline and spec.model.name != "gpt":
-        return [Problem("parallel.pipeline.stages", f"{spec.parallel.pipeline.stages} with "
-                        f"model.name {spec.model.name!r}", "pipeline stages cut the gpt block list; "
-                        "other models train data-parallel only",
-                        "set model.name: gpt, or parallel.pipeline.stages: 1")]
-    return []
+        yield Problem("parallel.pipeline.stages", f"{spec.parallel.pipeline.stages} with "
+                      f"model.name {spec.model.name!r}", "pipeline stages cut the gpt block list; "
+                      "other models train data-parallel only",
+                      "set model.name: gpt, or parallel.pipeline.stages: 1")
 
 
-def whole_pipelines(spec: JobSpec) -> list[Problem]:
+def whole_pipelines(spec: JobSpec) -> Iterator[Problem]:
     stages, world = spec.parallel.pipeline.stages, spec.world_size
     problem = ParallelLayout.problem(world, stages)    # the same check every rank's layout makes
-    if problem is None:
-        return []
-    return [Problem("parallel.pipeline.stages", f"{stages} with {world} ranks "
-                    f"(slurm.nodes {spec.slurm.nodes} x slurm.tasks_per_node "
-                    f"{spec.slurm.tasks_per_node})", problem.rule,
-                    f"use {problem.fitting_world} ranks (slurm.nodes x slurm.tasks_per_node), "
-                    f"or a stage count that divides {world}")]
+    if problem is not None:
+        yield Problem("parallel.pipeline.stages", f"{stages} with {world} ranks "
+                      f"(slurm.nodes {spec.slurm.nodes} x slurm.tasks_per_node "
+                      f"{spec.slurm.tasks_per_node})", problem.rule,
+                      f"use {problem.fitting_world} ranks (slurm.nodes x slurm.tasks_per_node), "
+                      f"or a stage count that divides {world}")
 
 
-def microbatches_split_batch(spec: JobSpec) -> list[Problem]:
+def microbatches_split_batch(spec: JobSpec) -> Iterator[Problem]:
     micro, batch = spec.parallel.pipeline.microbatches, spec.data.batch_size
     if spec.parallelism is not Parallelism.PIPELINE or batch % micro == 0:
-        return []
+        return
     divisors = [d for d in range(1, batch + 1) if batch % d == 0]
-    return [Problem("parallel.pipeline.microbatches", f"{micro} with data.batch_size {batch}",
-                    "the micro-batch count must divide the per-replica batch, or the last "
-                    "micro-batch differs in shape and the stages disagree",
-                    f"use one of {divisors} micro-batches, or a batch size that {micro} divides")]
+    yield Problem("parallel.pipeline.microbatches", f"{micro} with data.batch_size {batch}",
+                  "the micro-batch count must divide the per-replica batch, or the last "
+                  "micro-batch differs in shape and the stages disagree",
+                  f"use one of {divisors} micro-batches, or a batch size that {micro} divides")
 
 
-def one_f_one_b_depth(spec: JobSpec) -> list[Problem]:
+def one_f_one_b_depth(spec: JobSpec) -> Iterator[Problem]:
     pipe = spec.parallel.pipeline
     if spec.uses_pipeline and pipe.schedule == "1f1b" and pipe.microbatches < pipe.stages:
-        return [Problem("parallel.pipeline.microbatches", f"{pipe.microbatches} with schedule "
-                        f"'1f1b' and {pipe.stages} stages", "1F1B needs at least one micro-batch "
-                        "per stage (M >= K) to fill the pipeline",
-                        f"set parallel.pipeline.microbatches: {pipe.stages} or more, or "
-                        "parallel.pipeline.schedule: gpipe")]
-    return []
+        yield Problem("parallel.pipeline.microbatches", f"{pipe.microbatches} with schedule "
+                      f"'1f1b' and {pipe.stages} stages", "1F1B needs at least one micro-batch "
+                      "per stage (M >= K) to fill the pipeline",
+                      f"set parallel.pipeline.microbatches: {pipe.stages} or more, or "
+                      "parallel.pipeline.schedule: gpipe")
 
 
-def balance_matches_model(spec: JobSpec) -> list[Problem]:
+def balance_matches_model(spec: JobSpec) -> Iterator[Problem]:
     pipe, blocks = spec.parallel.pipeline, gpt_blocks(spec)
     if not spec.uses_pipeline or not blocks:
-        return []
+        return
     layers = blocks - 2
     if isinstance(pipe.balance, str):
         if pipe.stages > blocks:
-            return [Problem("parallel.pipeline.stages", f"{pipe.stages} with {blocks} gpt blocks "
-                            f"({layers} layers + embedding + head)", "every stage needs a block",
-                            f"use at most {blocks} stages, or more model.options.layers")]
-        return []
+            yield Problem("parallel.pipeline.stages", f"{pipe.stages} with {blocks} gpt blocks "
+                          f"({layers} layers + embedding + head)", "every stage needs a block",
+                          f"use at most {blocks} stages, or more model.options.layers")
+        return
     given = f"{pipe.balance} with {pipe.stages} stages and {blocks} gpt blocks ({layers} layers + embedding + head)"
     if len(pipe.balance) != pipe.stages or any(n < 1 for n in pipe.balance) or sum(pipe.balance) != blocks:
         even = [blocks // pipe.stages + (i < blocks % pipe.stages) for i in range(pipe.stages)]
-        return [Problem("parallel.pipeline.balance", given,
-                        "one block count >= 1 per stage, summing to the block count (layers + 2)",
-                        f"set parallel.pipeline.balance: {even if min(even) > 0 else 'auto'}")]
-    return []
+        yield Problem("parallel.pipeline.balance", given,
+                      "one block count >= 1 per stage, summing to the block count (layers + 2)",
+                      f"set parallel.pipeline.balance: {even if min(even) > 0 else 'auto'}")
 
 
-def pipeline_without_accumulation(spec: JobSpec) -> list[Problem]:
+def pipeline_without_accumulation(spec: JobSpec) -> Iterator[Problem]:
     if spec.parallelism is Parallelism.PIPELINE and spec.parallel.accumulation > 1:
         accumulation = spec.parallel.accumulation
         micro = spec.parallel.pipeline.microbatches * accumulation
-        return [Problem("parallel.accumulation", f"{accumulation} with the pipeline engine (gpt)",
-                        "micro-batches already accumulate gradients within a pipeline step",
-                        f"for the same samples per step set parallel.accumulation: 1, "
-                        f"parallel.pipeline.microbatches: {micro} and data.batch_size: "
-                        f"{spec.data.batch_size * accumulation}")]
-    return []
+        yield Problem("parallel.accumulation", f"{accumulation} with the pipeline engine (gpt)",
+                      "micro-batches already accumulate gradients within a pipeline step",
+                      f"for the same samples per step set parallel.accumulation: 1, "
+                      f"parallel.pipeline.microbatches: {micro} and data.batch_size: "
+                      f"{spec.data.batch_size * accumulation}")
 
 
-def pipeline_without_compression(spec: JobSpec) -> list[Problem]:
+def pipeline_without_compression(spec: JobSpec) -> Iterator[Problem]:
     if spec.parallelism is Parallelism.PIPELINE and spec.parallel.compression != "none":
-        return [Problem("parallel.compression", f"{spec.parallel.compression!r} with a pipeline",
-                        "pipeline jobs average stage gradients with their own bucketed "
-                        "all-reduce, uncompressed", "set parallel.compression: none")]
-    return []
+        yield Problem("parallel.compression", f"{spec.parallel.compression!r} with a pipeline",
+                      "pipeline jobs average stage gradients with their own bucketed "
+                      "all-reduce, uncompressed", "set parallel.compression: none")
 
 
-def microbatches_unused(spec: JobSpec) -> list[Problem]:
+def microbatches_unused(spec: JobSpec) -> Iterator[Problem]:
     pipe = spec.parallel.pipeline
     changed = pipe.microbatches != 1 or pipe.remat or pipe.balance != "auto" or pipe.schedule != "gpipe"
     if spec.parallelism is not Parallelism.PIPELINE and changed:
-        return [Problem("parallel.pipeline", "settings with parallel.pipeline.stages 1",
-                        "only the gpt model runs on the pipeline engine; these settings are ignored",
-                        "set model.name: gpt and parallel.pipeline.stages: 2 or more, or remove them",
-                        severity="warning")]
-    return []
+        yield Problem("parallel.pipeline", "settings with parallel.pipeline.stages 1",
+                      "only the gpt model runs on the pipeline engine; these settings are ignored",
+                      "set model.name: gpt and parallel.pipeline.stages: 2 or more, or remove them")
 
 
-def few_microbatches(spec: JobSpec) -> list[Problem]:
+def few_microbatches(spec: JobSpec) -> Iterator[Problem]:
     pipe = spec.parallel.pipeline
     if spec.uses_pipeline and pipe.microbatches < 4 * pipe.stages:
         bubble = (pipe.stages - 1) / (pipe.microbatches + pipe.stages - 1)
-        return [Problem("parallel.pipeline.microbatches", f"{pipe.microbatches} with "
-                        f"{pipe.stages} stages", f"each stage idles {bubble:.0%} of a step "
-                        "(the bubble (K-1)/(M+K-1))",
-                        f"use {4 * pipe.stages} or more micro-batches if the batch allows",
-                        severity="warning")]
-    return []
+        yield Problem("parallel.pipeline.microbatches", f"{pipe.microbatches} with "
+                      f"{pipe.stages} stages", f"each stage idles {bubble:.0%} of a step "
+                      "(the bubble (K-1)/(M+K-1))",
+                      f"use {4 * pipe.stages} or more micro-batches if the batch allows")
 
 
 PIPELINE_ERROR_RULES = (model_matches_data, byte_vocabulary, heads_divide_width,

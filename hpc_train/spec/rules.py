@@ -1,13 +1,14 @@
-"""Cross-field rules: pure functions of a JobSpec that return Problems (rule, values, fix).
+"""Cross-field rules: pure functions of a JobSpec that yield Problems (rule, values, fix).
 
 They run at submit time on the login node, so a job that would hang, waste GPUs or die before
 its checkpoint is refused before anything is queued. ERROR_RULES stop the job; WARNING_RULES
-are printed and the job goes on.
+are printed and the job goes on: the list a rule is in, not the rule, sets the severity.
 """
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import replace
 
 from hpc_train.launch.network import MPI_INTERFACE_VARS, RANK_INTERFACE_VARS
 from hpc_train.spec.pipeline_rules import PIPELINE_ERROR_RULES, PIPELINE_WARNING_RULES
@@ -15,144 +16,128 @@ from hpc_train.spec.problems import Problem
 from hpc_train.spec.schema import JobSpec
 from hpc_train.spec.throughput_rules import THROUGHPUT_ERROR_RULES, THROUGHPUT_WARNING_RULES
 
-Rule = Callable[[JobSpec], list[Problem]]
+Rule = Callable[[JobSpec], Iterable[Problem]]
 
 # Slurm's time-limit check runs about every 30 s, so a signal closer than that to the limit may
 # arrive after the job is already killed.
 SLURM_KILL_SLACK_S = 30
 
 
-def _warn(key: str, given: str, rule: str, fix: str) -> Problem:
-    return Problem(key, given, rule, fix, severity="warning")
-
-
-def hdf5_needs_path(spec: JobSpec) -> list[Problem]:
+def hdf5_needs_path(spec: JobSpec) -> Iterator[Problem]:
     if spec.data.kind in ("hdf5", "tokens") and spec.data.path is None:
-        return [Problem("data.path", f"null with data.kind {spec.data.kind!r}",
-                        "HDF5 data needs the directory of its shards",
-                        "set data.path: /path/to/shards, or data.kind: "
-                        + ("synthetic" if spec.data.kind == "hdf5" else "text"))]
-    return []
+        yield Problem("data.path", f"null with data.kind {spec.data.kind!r}",
+                      "HDF5 data needs the directory of its shards",
+                      "set data.path: /path/to/shards, or data.kind: "
+                      + ("synthetic" if spec.data.kind == "hdf5" else "text"))
 
 
-def signal_before_limit(spec: JobSpec) -> list[Problem]:
+def signal_before_limit(spec: JobSpec) -> Iterator[Problem]:
     latest = spec.time_seconds - SLURM_KILL_SLACK_S
-    if spec.slurm.signal_seconds < latest:
-        return []
-    return [Problem("slurm.signal_seconds",
-                    f"{spec.slurm.signal_seconds} with slurm.time {spec.slurm.time!r} "
-                    f"({spec.time_seconds} s)",
-                    f"the stop signal must come before the limit minus {SLURM_KILL_SLACK_S} s "
-                    f"(Slurm checks limits about every {SLURM_KILL_SLACK_S} s), so < {latest}",
-                    f"lower slurm.signal_seconds below {max(latest, 1)} or raise slurm.time")]
+    if spec.slurm.signal_seconds >= latest:
+        yield Problem("slurm.signal_seconds",
+                      f"{spec.slurm.signal_seconds} with slurm.time {spec.slurm.time!r} "
+                      f"({spec.time_seconds} s)",
+                      f"the stop signal must come before the limit minus {SLURM_KILL_SLACK_S} s "
+                      f"(Slurm checks limits about every {SLURM_KILL_SLACK_S} s), so < {latest}",
+                      f"lower slurm.signal_seconds below {max(latest, 1)} or raise slurm.time")
 
 
-def keep_every_needs_period(spec: JobSpec) -> list[Problem]:
+def keep_every_needs_period(spec: JobSpec) -> Iterator[Problem]:
     ckpt = spec.checkpoint
     if ckpt.keep_every is not None and ckpt.every_steps is None and ckpt.every_minutes is None:
-        return [Problem("checkpoint.keep_every",
-                        f"{ckpt.keep_every} with every_steps and every_minutes both null",
-                        "nothing to keep: no periodic checkpoints are saved",
-                        "set checkpoint.every_steps or checkpoint.every_minutes")]
-    return []
+        yield Problem("checkpoint.keep_every",
+                      f"{ckpt.keep_every} with every_steps and every_minutes both null",
+                      "nothing to keep: no periodic checkpoints are saved",
+                      "set checkpoint.every_steps or checkpoint.every_minutes")
 
 
-def one_rank_per_gpu(spec: JobSpec) -> list[Problem]:
+def one_rank_per_gpu(spec: JobSpec) -> Iterator[Problem]:
     slurm = spec.slurm
     if slurm.gpus_per_node > 0 and slurm.tasks_per_node > slurm.gpus_per_node:
-        return [Problem("slurm.tasks_per_node",
-                        f"{slurm.tasks_per_node} with slurm.gpus_per_node {slurm.gpus_per_node}",
-                        "each rank drives one GPU, so there cannot be more ranks than GPUs",
-                        f"set slurm.tasks_per_node: {slurm.gpus_per_node}")]
-    return []
+        yield Problem("slurm.tasks_per_node",
+                      f"{slurm.tasks_per_node} with slurm.gpus_per_node {slurm.gpus_per_node}",
+                      "each rank drives one GPU, so there cannot be more ranks than GPUs",
+                      f"set slurm.tasks_per_node: {slurm.gpus_per_node}")
 
 
-def idle_gpus(spec: JobSpec) -> list[Problem]:
+def idle_gpus(spec: JobSpec) -> Iterator[Problem]:
     slurm = spec.slurm
     if slurm.tasks_per_node < slurm.gpus_per_node:
-        return [_warn("slurm.tasks_per_node",
+        yield Problem("slurm.tasks_per_node",
                       f"{slurm.tasks_per_node} with slurm.gpus_per_node {slurm.gpus_per_node}",
                       f"{slurm.gpus_per_node - slurm.tasks_per_node} GPU(s) per node stay idle",
-                      f"set slurm.tasks_per_node: {slurm.gpus_per_node}")]
-    return []
+                      f"set slurm.tasks_per_node: {slurm.gpus_per_node}")
 
 
-def fixed_loss_scale_unused(spec: JobSpec) -> list[Problem]:
+def fixed_loss_scale_unused(spec: JobSpec) -> Iterator[Problem]:
     if spec.precision.loss_scale != "dynamic" and spec.precision.mode != "fp16":
-        return [_warn("precision.loss_scale",
+        yield Problem("precision.loss_scale",
                       f"{spec.precision.loss_scale} with precision.mode {spec.precision.mode!r}",
                       "loss scaling only applies to fp16 and is ignored",
-                      "remove precision.loss_scale, or set precision.mode: fp16")]
-    return []
+                      "remove precision.loss_scale, or set precision.mode: fp16")
 
 
-def warmup_shorter_than_training(spec: JobSpec) -> list[Problem]:
+def warmup_shorter_than_training(spec: JobSpec) -> Iterator[Problem]:
     optim = spec.optim
     if optim.warmup_epochs > 0 and optim.warmup_epochs >= optim.epochs:
-        return [_warn("optim.warmup_epochs", f"{optim.warmup_epochs:g} with optim.epochs "
+        yield Problem("optim.warmup_epochs", f"{optim.warmup_epochs:g} with optim.epochs "
                       f"{optim.epochs}", "the warm-up never ends, so the LR never reaches "
-                      "the scaled LR", f"set optim.warmup_epochs below {optim.epochs}")]
-    return []
+                      "the scaled LR", f"set optim.warmup_epochs below {optim.epochs}")
 
 
-def milestones_within_training(spec: JobSpec) -> list[Problem]:
+def milestones_within_training(spec: JobSpec) -> Iterator[Problem]:
     optim = spec.optim
     late = [m for m in optim.step_milestones if m >= optim.epochs]
     if optim.schedule == "step" and late:
-        return [_warn("optim.step_milestones", f"{late} with optim.epochs {optim.epochs}",
+        yield Problem("optim.step_milestones", f"{late} with optim.epochs {optim.epochs}",
                       "milestones at or after the last epoch never apply",
-                      "drop them or raise optim.epochs")]
-    return []
+                      "drop them or raise optim.epochs")
 
 
-def path_unused(spec: JobSpec) -> list[Problem]:
+def path_unused(spec: JobSpec) -> Iterator[Problem]:
     if spec.data.kind in ("synthetic", "text") and spec.data.path is not None:
-        return [_warn("data.path", f"{spec.data.path!r} with data.kind {spec.data.kind!r}",
+        yield Problem("data.path", f"{spec.data.path!r} with data.kind {spec.data.kind!r}",
                       "generated data reads no files, so the path is ignored",
-                      "set data.kind: hdf5 (or tokens) to read it, or remove data.path")]
-    return []
+                      "set data.kind: hdf5 (or tokens) to read it, or remove data.path")
 
 
-def copy_to_unused(spec: JobSpec) -> list[Problem]:
+def copy_to_unused(spec: JobSpec) -> Iterator[Problem]:
     if spec.data.copy_to is not None and spec.data.kind in ("synthetic", "text"):
-        return [_warn("data.copy_to", f"{spec.data.copy_to!r} with data.kind {spec.data.kind!r}",
-                      "generated data has no shards to copy", "remove data.copy_to")]
-    return []
+        yield Problem("data.copy_to", f"{spec.data.copy_to!r} with data.kind {spec.data.kind!r}",
+                      "generated data has no shards to copy", "remove data.copy_to")
 
 
-def copy_to_on_the_node(spec: JobSpec) -> list[Problem]:
+def copy_to_on_the_node(spec: JobSpec) -> Iterator[Problem]:
     place = spec.data.copy_to
     if place is not None and not place.startswith(("/", "$")):
-        return [Problem("data.copy_to", repr(place),
-                        "a node-local directory is an absolute path, or starts with a variable "
-                        "the node sets", "write e.g. data.copy_to: $SLURM_TMPDIR or /local/scratch")]
-    return []
+        yield Problem("data.copy_to", repr(place),
+                      "a node-local directory is an absolute path, or starts with a variable "
+                      "the node sets", "write e.g. data.copy_to: $SLURM_TMPDIR or /local/scratch")
 
 
-def one_network_setting(spec: JobSpec) -> list[Problem]:
+def one_network_setting(spec: JobSpec) -> Iterator[Problem]:
     """launch.network_interface owns the interface variables of every layer: a second value for
     one of them in launch.env would make two layers use different networks."""
     if spec.launch.network_interface is None:
-        return []
+        return
     owned = set(RANK_INTERFACE_VARS) | set(MPI_INTERFACE_VARS)
-    return [Problem(f"launch.env.{name}", repr(spec.launch.env[name]),
-                    f"launch.network_interface ({spec.launch.network_interface!r}) sets {name} "
-                    "and the interface of every other layer",
-                    f"remove launch.env.{name}, or remove launch.network_interface")
-            for name in sorted(owned & set(spec.launch.env))]
+    for name in sorted(owned & set(spec.launch.env)):
+        yield Problem(f"launch.env.{name}", repr(spec.launch.env[name]),
+                      f"launch.network_interface ({spec.launch.network_interface!r}) sets {name} "
+                      "and the interface of every other layer",
+                      f"remove launch.env.{name}, or remove launch.network_interface")
 
 
-def pmi_needs_srun(spec: JobSpec) -> list[Problem]:
+def pmi_needs_srun(spec: JobSpec) -> Iterator[Problem]:
     if spec.launch.method == "mpirun" and spec.launch.pmi != "pmix":
-        return [_warn("launch.pmi", f"{spec.launch.pmi!r} with launch.method 'mpirun'",
+        yield Problem("launch.pmi", f"{spec.launch.pmi!r} with launch.method 'mpirun'",
                       "launch.pmi is srun's --mpi plugin; mpirun does not use it",
-                      "set launch.method: srun, or remove launch.pmi")]
+                      "set launch.method: srun, or remove launch.pmi")
     if spec.launch.method == "srun" and spec.launch.pmi == "pmi2" and spec.launch.mpi == "openmpi":
-        return [_warn("launch.pmi", "'pmi2' with launch.mpi 'openmpi'",
+        yield Problem("launch.pmi", "'pmi2' with launch.mpi 'openmpi'",
                       "Open MPI as most distributions build it has no Slurm PMI-2 client; its "
                       "ranks then start as separate one-rank worlds",
-                      "set launch.pmi: pmix (check `srun --mpi=list` on the cluster)")]
-    return []
+                      "set launch.pmi: pmix (check `srun --mpi=list` on the cluster)")
 
 
 ERROR_RULES: tuple[Rule, ...] = (hdf5_needs_path, signal_before_limit, keep_every_needs_period,
@@ -167,5 +152,5 @@ WARNING_RULES: tuple[Rule, ...] = (idle_gpus, fixed_loss_scale_unused,
 def check_spec(spec: JobSpec) -> tuple[list[Problem], list[Problem]]:
     """(errors, warnings) from every cross-field rule."""
     errors = [p for rule in ERROR_RULES for p in rule(spec)]
-    warnings = [p for rule in WARNING_RULES for p in rule(spec)]
+    warnings = [replace(p, severity="warning") for rule in WARNING_RULES for p in rule(spec)]
     return errors, warnings

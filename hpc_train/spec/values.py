@@ -13,19 +13,36 @@ import re
 
 from hpc_train.scheduler.parse import DURATION_FORMATS, parse_duration
 
+
+def pattern_check(pattern: re.Pattern, rule: str, fix: str):
+    """A `check_*` for values that `pattern` matches whole: None, else (rule, fix)."""
+    def check(text: str):
+        return None if pattern.fullmatch(text) else (rule, fix)
+
+    return check
+
+
+def _one_line(what: str):
+    """A `check_*` refusing newlines and NUL, which would break an sbatch line or an argv word."""
+    def check(text: str):
+        if {"\n", "\r", "\0"} & set(text):
+            return (f"{what} may not contain newlines or NUL", "put the value on one line")
+        return None
+
+    return check
+
+
 # Every pattern here is applied with `fullmatch`: `re.match` with `$` also accepts a value that
 # ends in a newline ("smoke\n"), which would then break an sbatch line or a path. `\d` is ASCII
 # only (re.ASCII): Slurm reads no other digits.
-
 RUN_NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")
-MEMORY = re.compile(r"\d+[KMGT]?", re.ASCII)
-ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-SBATCH_OPTION = re.compile(r"[a-z0-9][a-z0-9_-]*")
 # Partition, account, qos and constraint names. Constraints need & | ! ( ) [ ] * , : for
 # expressions such as "a100&(ib|eth)"; nothing here is a quote, `$`, `;`, a space or a newline.
+SLURM_NAME = re.compile(r"[A-Za-z0-9._,:|&!()\[\]*@+=-]+")
 # Linux interface names: at most 15 characters, no slash or space.
 INTERFACE_NAME = re.compile(r"[A-Za-z0-9_.:@-]{1,15}")
-SLURM_NAME = re.compile(r"[A-Za-z0-9._,:|&!()\[\]*@+=-]+")
+# A dotted key, SECTION.KEY, as --set takes it.
+DOTTED_KEY = re.compile(r"[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)+")
 
 
 def check_slurm_time(text: str):
@@ -40,69 +57,36 @@ def check_slurm_time(text: str):
     return None
 
 
-def check_run_name(text: str):
-    if RUN_NAME.fullmatch(text):
-        return None
-    return ("run.name becomes a directory and a Slurm job name: 1-64 characters from "
-            "A-Z a-z 0-9 . _ - (no spaces, slashes or shell characters)",
-            "use a plain name, e.g. run.name: resnet50-imagenet")
-
-
-def check_memory(text: str):
-    if MEMORY.fullmatch(text):
-        return None
-    return ("Slurm memory is a whole number with an optional unit K, M, G or T "
-            "(no space, no 'B', no decimals)",
-            'write e.g. slurm.mem: "16G", or "0" for all of the node\'s memory')
-
-
-def check_slurm_name(text: str):
-    if SLURM_NAME.fullmatch(text):
-        return None
-    return ("Slurm names may only hold letters, digits and . _ , : | & ! ( ) [ ] * @ + = - "
-            "(no spaces, quotes, $, ;, backticks, redirections or newlines)",
-            "use the name exactly as `sinfo`/`sacctmgr` show it")
-
-
-def _has_control(text: str) -> bool:
-    return any(ord(ch) < 32 or ord(ch) == 127 for ch in text)
+check_run_name = pattern_check(
+    RUN_NAME, "run.name becomes a directory and a Slurm job name: 1-64 characters from "
+    "A-Z a-z 0-9 . _ - (no spaces, slashes or shell characters)",
+    "use a plain name, e.g. run.name: resnet50-imagenet")
+check_memory = pattern_check(
+    re.compile(r"\d+[KMGT]?", re.ASCII), "Slurm memory is a whole number with an optional unit "
+    "K, M, G or T (no space, no 'B', no decimals)",
+    'write e.g. slurm.mem: "16G", or "0" for all of the node\'s memory')
+check_slurm_name = pattern_check(
+    SLURM_NAME, "Slurm names may only hold letters, digits and . _ , : | & ! ( ) [ ] * @ + = - "
+    "(no spaces, quotes, $, ;, backticks, redirections or newlines)",
+    "use the name exactly as `sinfo`/`sacctmgr` show it")
+check_env_name = pattern_check(
+    re.compile(r"[A-Za-z_][A-Za-z0-9_]*"), "environment variable names are letters, digits and _, "
+    "not starting with a digit", "rename it, e.g. OMP_NUM_THREADS")
+check_sbatch_option = pattern_check(
+    re.compile(r"[a-z0-9][a-z0-9_-]*"), "sbatch option names are lower-case letters, digits, _ "
+    "and -, without the leading --",
+    "write the long option name, e.g. slurm.extra: {exclusive: \"\", mail-type: END}")
+check_env_value = _one_line("environment values")
+check_argument = _one_line("command-line arguments and sbatch options")
 
 
 def check_path(text: str):
     if not text:
         return ("a path cannot be empty", "give a directory, or null where allowed")
-    if _has_control(text):
+    if any(ord(ch) < 32 or ord(ch) == 127 for ch in text):
         return ("paths may not contain newlines, NUL or other control characters",
                 "remove the control characters from the path")
     return None
-
-
-def check_env_value(text: str):
-    if "\n" in text or "\r" in text or "\0" in text:
-        return ("environment values may not contain newlines or NUL",
-                "put the value on one line")
-    return None
-
-
-def check_argument(text: str):
-    if "\0" in text or "\n" in text or "\r" in text:
-        return ("command-line arguments and sbatch options may not contain newlines or NUL",
-                "put the value on one line")
-    return None
-
-
-def check_env_name(text: str):
-    if ENV_NAME.fullmatch(text):
-        return None
-    return ("environment variable names are letters, digits and _, not starting with a digit",
-            "rename it, e.g. OMP_NUM_THREADS")
-
-
-def check_sbatch_option(text: str):
-    if SBATCH_OPTION.fullmatch(text):
-        return None
-    return ("sbatch option names are lower-case letters, digits, _ and -, without the leading --",
-            "write the long option name, e.g. slurm.extra: {exclusive: \"\", mail-type: END}")
 
 
 def check_interface(text: str):
@@ -122,7 +106,6 @@ def check_interface(text: str):
 
 MAIL_TYPES = ("NONE", "BEGIN", "END", "FAIL", "REQUEUE", "ALL", "INVALID_DEPEND", "STAGE_OUT",
               "TIME_LIMIT", "TIME_LIMIT_90", "TIME_LIMIT_80", "TIME_LIMIT_50", "ARRAY_TASKS")
-MAIL_USER = re.compile(r"[A-Za-z0-9._%+-]+(@[A-Za-z0-9.-]+)?")
 
 
 def check_mail_type(text: str):
@@ -133,11 +116,9 @@ def check_mail_type(text: str):
             "write e.g. slurm.mail_type: END,FAIL")
 
 
-def check_mail_user(text: str):
-    if MAIL_USER.fullmatch(text):
-        return None
-    return ("a mail address (or a user name) without spaces, quotes or shell characters",
-            "write e.g. slurm.mail_user: me@example.org")
+check_mail_user = pattern_check(
+    re.compile(r"[A-Za-z0-9._%+-]+(@[A-Za-z0-9.-]+)?"), "a mail address (or a user name) without "
+    "spaces, quotes or shell characters", "write e.g. slurm.mail_user: me@example.org")
 
 
 def check_increasing(values: list):

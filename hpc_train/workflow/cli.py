@@ -6,17 +6,21 @@ import argparse
 import json
 import sys
 
+from hpc_train.argtypes import add_command, print_warnings
 
-def _warn(plan) -> None:
-    for warning in plan.warnings:
-        print(f"warning: {warning}", file=sys.stderr)
+
+def _jobs(done, name: str) -> str:
+    """A stage's jobs as submitted to Slurm (`part id, ...`), or how it ended here (local)."""
+    if done.submitted:
+        return ", ".join(f"{part} {job}" for part, job in done.submitted[name].jobs.items())
+    return done.states.get(name, "-")
 
 
 def _validate(args: argparse.Namespace) -> int:
     from hpc_train.workflow.run import check, job_summary
 
     plan = check(args.file, args.overrides)
-    _warn(plan)
+    print_warnings(plan.warnings)
     print(f"{args.file}: OK ({len(plan.order)} stages)")
     for name in plan.order:
         print(f"  {name:<16} {plan.stages[name].kind:<9} {'; '.join(job_summary(plan, name))}")
@@ -29,7 +33,7 @@ def _run(args: argparse.Namespace) -> int:
 
     if args.dry_run:
         plan = check(args.file, args.overrides, args.root)
-        _warn(plan)
+        print_warnings(plan.warnings)
         print(dry_run_text(plan))
         print("# dry run: nothing was submitted and no directory was created", file=sys.stderr)
         return 0
@@ -39,14 +43,10 @@ def _run(args: argparse.Namespace) -> int:
         print("note: sbatch is not on PATH: running the stages here, one after another "
               "(the local executor)", file=sys.stderr)
     started = run(args.file, args.overrides, args.root, use_slurm=False if args.local else None)
-    _warn(started.plan)
+    print_warnings(started.plan.warnings)
     print(f"workflow dir: {started.paths.root}")
     for name in started.plan.order:
-        if started.executor == "slurm":
-            jobs = ", ".join(f"{part} {job}" for part, job in started.submitted[name].jobs.items())
-        else:
-            jobs = started.states.get(name, "-")
-        print(f"  {name:<16} {started.plan.stages[name].kind:<9} {jobs}")
+        print(f"  {name:<16} {started.plan.stages[name].kind:<9} {_jobs(started, name)}")
     print(f"status: python -m hpc_train workflow status {started.paths.root}")
     failed = [n for n, s in started.states.items() if s != "COMPLETED"]
     return 1 if failed else 0
@@ -75,11 +75,7 @@ def _resume(args: argparse.Namespace) -> int:
         print("  nothing to submit")
         return 0
     for name in done.again:
-        if done.submitted:
-            jobs = ", ".join(f"{part} {job}" for part, job in done.submitted[name].jobs.items())
-        else:
-            jobs = done.states.get(name, "-")
-        print(f"  again: {name:<14} {jobs}")
+        print(f"  again: {name:<14} {_jobs(done, name)}")
     return 1 if any(s != "COMPLETED" for s in done.states.values()) else 0
 
 
@@ -117,17 +113,16 @@ def register(commands: argparse._SubParsersAction) -> None:
                     "dependencies, in a workflow directory runs/<name>-<stamp>/.")
     sub = workflow.add_subparsers(dest="workflow_command", metavar="WORKFLOW_COMMAND", required=True)
 
-    validate = sub.add_parser("validate", help="check a workflow file without submitting",
-                              description="Check FILE (stages, graph, references, each train "
-                              "stage's job spec); exit 2 listing every problem.")
+    validate = add_command(sub, "validate", _validate, help="check a workflow file without submitting",
+                           description="Check FILE (stages, graph, references, each train "
+                           "stage's job spec); exit 2 listing every problem.")
     validate.add_argument("file", metavar="FILE")
     _overrides(validate)
-    validate.set_defaults(handler=_validate)
 
-    run = sub.add_parser("run", help="check, then submit every stage at once and return",
-                         description="Check FILE, make the workflow directory, submit every stage "
-                         "with Slurm dependencies and return. Without sbatch (or with --local) "
-                         "the stages run here one after another.")
+    run = add_command(sub, "run", _run, help="check, then submit every stage at once and return",
+                      description="Check FILE, make the workflow directory, submit every stage "
+                      "with Slurm dependencies and return. Without sbatch (or with --local) "
+                      "the stages run here one after another.")
     run.add_argument("file", metavar="FILE", help="e.g. workflows/smoke.yaml")
     _overrides(run)
     run.add_argument("--dry-run", action="store_true",
@@ -135,36 +130,31 @@ def register(commands: argparse._SubParsersAction) -> None:
     run.add_argument("--local", action="store_true", help="run the stages here, without Slurm")
     run.add_argument("--root", metavar="DIR", help="where the workflow directory goes (default: "
                      "the file's root, runs/)")
-    run.set_defaults(handler=_run)
 
-    status = sub.add_parser("status", help="stages and sweep members: state, jobs, metric, why",
-                            description="One table of the workflow's stages (and sweep members, "
-                            "ranked): state from squeue/sacct, job ids, elapsed, key metric, what "
-                            "a pending job waits for, which stage failed and the rank's error.")
+    status = add_command(sub, "status", _status, help="stages and sweep members: state, jobs, metric, why",
+                         description="One table of the workflow's stages (and sweep members, "
+                         "ranked): state from squeue/sacct, job ids, elapsed, key metric, what "
+                         "a pending job waits for, which stage failed and the rank's error.")
     status.add_argument("dir", metavar="DIR")
     status.add_argument("--json", action="store_true", help="machine-readable output")
     status.add_argument("--no-slurm", dest="slurm", action="store_false",
                         help="do not ask squeue/sacct; the workflow's files alone give the state")
-    status.set_defaults(handler=_status)
 
-    resume = sub.add_parser("resume", help="submit again what failed or was cancelled, and all after it",
-                            description="Skip stages whose outputs are complete and verified, leave "
-                            "queued or running ones alone, submit the rest again (train runs continue "
-                            "from their checkpoints). Running it twice submits nothing new.")
+    resume = add_command(sub, "resume", _resume, help="submit again what failed or was cancelled, and all after it",
+                         description="Skip stages whose outputs are complete and verified, leave "
+                         "queued or running ones alone, submit the rest again (train runs continue "
+                         "from their checkpoints). Running it twice submits nothing new.")
     resume.add_argument("dir", metavar="DIR")
     _overrides(resume)
     resume.add_argument("--allow-spec-change", action="store_true",
                         help="accept --set changes to a train run's spec (its checkpoints were made "
                         "under the old one)")
-    resume.set_defaults(handler=_resume)
 
-    cancel = sub.add_parser("cancel", help="scancel every job of the workflow still queued or running")
+    cancel = add_command(sub, "cancel", _cancel, help="scancel every job of the workflow still queued or running")
     cancel.add_argument("dir", metavar="DIR")
-    cancel.set_defaults(handler=_cancel)
 
-    best = sub.add_parser("best", help="the best member of a sweep by its metric (prints its run dir)")
+    best = add_command(sub, "best", _best, help="the best member of a sweep by its metric (prints its run dir)")
     best.add_argument("dir", metavar="DIR")
     best.add_argument("stage", metavar="STAGE")
     best.add_argument("--record", action="store_true", help="record the choice in the workflow's events")
     best.add_argument("--json", action="store_true", help="machine-readable output")
-    best.set_defaults(handler=_best)

@@ -85,37 +85,36 @@ def read(paths: WorkflowPaths) -> list[dict]:
 
 # -- queries ---------------------------------------------------------------------------------------
 
+def _named(history: list[dict], event: str, stage: str | None = None) -> list[dict]:
+    """The events called `event` (of `stage`, when given), in order."""
+    return [e for e in history if e.get("event") == event and (stage is None or e.get("stage") == stage)]
+
+
 def executor(history: list[dict]) -> str:
-    found = [e for e in history if e.get("event") == CREATED]
+    found = _named(history, CREATED)
     return found[0].get("executor", "slurm") if found else "slurm"
 
 
 def stage_jobs(history: list[dict], stage: str) -> dict[str, str]:
     """The stage's latest submission: part -> job id ({} when never submitted)."""
-    found = [e for e in history if e.get("event") == STAGE_SUBMITTED and e.get("stage") == stage]
+    found = _named(history, STAGE_SUBMITTED, stage)
     return dict(found[-1].get("jobs", {})) if found else {}
 
 
 def member_jobs(history: list[dict], stage: str) -> dict[int, str]:
     """A sweep's members -> the job id of each one's latest submission (`<array>_<index>`)."""
-    members: dict[int, str] = {}
-    for e in history:
-        if e.get("event") == STAGE_SUBMITTED and e.get("stage") == stage:
-            members.update({int(k): v for k, v in e.get("members", {}).items()})
-    return members
+    return {int(k): v for e in _named(history, STAGE_SUBMITTED, stage)
+            for k, v in e.get("members", {}).items()}
 
 
 def all_jobs(history: list[dict]) -> list[str]:
     """Every job id the workflow ever submitted, in order (cancel asks Slurm about each)."""
-    ids: list[str] = []
-    for e in history:
-        if e.get("event") == STAGE_SUBMITTED:
-            ids += [v for v in e.get("jobs", {}).values() if v not in ids]
-    return ids
+    return list(dict.fromkeys(job for e in _named(history, STAGE_SUBMITTED)
+                              for job in e.get("jobs", {}).values()))
 
 
 def best_choice(history: list[dict], stage: str) -> dict | None:
-    found = [e for e in history if e.get("event") == BEST_CHOSEN and e.get("stage") == stage]
+    found = _named(history, BEST_CHOSEN, stage)
     return found[-1] if found else None
 
 

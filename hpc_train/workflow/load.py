@@ -165,9 +165,7 @@ def build(data: dict, problems: list[Problem]) -> Workflow | None:
         built = _stage(name, raw, defaults, problems)
         if built is not None:
             stages[name], slurm[name] = built
-    if problems:
-        return None
-    return Workflow(head.name, head.root, stages, slurm, data)
+    return None if problems else Workflow(head.name, head.root, stages, slurm, data)
 
 
 def _stage(name: str, raw: Any, defaults, problems: list[Problem]):
@@ -201,14 +199,11 @@ def _stage(name: str, raw: Any, defaults, problems: list[Problem]):
         sweep = _section(SweepSpec, sweep_raw, f"{key}.sweep", problems)
         if stage is not INVALID and sweep is not INVALID:
             stage = dataclasses.replace(stage, sweep=sweep)
-    if INVALID in (stage, slurm):
-        return None
-    return stage, slurm
+    return None if INVALID in (stage, slurm) else (stage, slurm)
 
 
 def _section(cls: type, raw: Any, key: str, problems: list[Problem]):
-    if raw is None:
-        raw = {}
+    raw = {} if raw is None else raw
     if not isinstance(raw, dict):
         problems.append(value_problem(key, raw, "must be a mapping of keys", f"indent 'key: value' "
                                       f"lines under {key.rsplit('.', 1)[-1]}:"))

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
+from hpc_train.rundir import new_stamped_dir
+
 RESOLVED = "workflow.yaml"
 MARKER = "COMPLETE"
 
@@ -63,16 +65,7 @@ class WorkflowPaths:
     @classmethod
     def new(cls, root: str | Path, name: str, now: datetime | None = None) -> WorkflowPaths:
         """A fresh `<root>/<name>-<YYYYmmdd-HHMMSS>[-N]`, created here."""
-        stamp = (now or datetime.now()).strftime("%Y%m%d-%H%M%S")
-        base = Path(root).resolve() / f"{name}-{stamp}"
-        candidate, n = base, 1
-        while True:
-            try:
-                candidate.mkdir(parents=True)
-                return cls(candidate)
-            except FileExistsError:
-                n += 1
-                candidate = base.with_name(f"{base.name}-{n}")
+        return cls(new_stamped_dir(root, name, now=now))
 
     @classmethod
     def planned(cls, root: str | Path, name: str) -> WorkflowPaths:

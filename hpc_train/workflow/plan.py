@@ -16,7 +16,7 @@ from pathlib import Path
 from hpc_train.rundir import RunPaths
 from hpc_train.slurm.array import member_dir, new_prefix
 from hpc_train.spec import JobSpec, Problem, Resources, SpecInvalid, validate_spec_file
-from hpc_train.spec.overrides import FROM_SET
+from hpc_train.spec.overrides import FROM_SET, under
 from hpc_train.spec.paths import resolve_paths
 from hpc_train.workflow import graph, refs
 from hpc_train.workflow.paths import WorkflowPaths
@@ -280,13 +280,9 @@ def _rekey(problem: Problem, stage: str, spec_file: str, set_keys: set[str], own
     key = problem.key.replace(FROM_SET, "")
     if key.endswith(spec_file) or Path(key).name == Path(spec_file).name:   # the file itself
         return Problem(f"stages.{stage}.spec", None, f"{spec_file!r}: {problem.rule}", problem.fix)
-
-    def among(keys) -> bool:
-        return any(key == k or key.startswith((k + ".", k + "[")) for k in keys)
-
-    if member is not None and among(own):
+    if member is not None and under(key, own):
         where = f"stages.{stage}.sweep member {member}: {key}"
-    elif among(set_keys):
+    elif under(key, set_keys):
         where = f"stages.{stage}.set.{key}"
     else:
         where = f"stages.{stage}.spec ({spec_file}): {key}"

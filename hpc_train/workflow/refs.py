@@ -52,7 +52,7 @@ Value = tuple[Part, ...]          # a string with some parts known only at run t
 
 
 def references(text: str) -> list[Ref]:
-    return [Ref(m.group(1), m.group(2)) for m in REFERENCE.finditer(text)]
+    return [Ref(*m.groups()) for m in REFERENCE.finditer(text)]
 
 
 def substitute(text: str, known: dict[Ref, Value]) -> Value:
@@ -61,7 +61,7 @@ def substitute(text: str, known: dict[Ref, Value]) -> Value:
     position = 0
     for match in REFERENCE.finditer(text):
         parts.append(text[position:match.start()])
-        parts.extend(known[Ref(match.group(1), match.group(2))])
+        parts.extend(known[Ref(*match.groups())])
         position = match.end()
     parts.append(text[position:])
     return join(parts)

@@ -27,7 +27,6 @@ STAGE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,39}")
 RESERVED = ("workflow",)          # `{workflow.dir}` names the workflow itself
 # A sweep's metric: the last `val` (or train) line of metrics.jsonl, one of its fields.
 METRIC = re.compile(r"(val|train)\.[A-Za-z_][A-Za-z0-9_]*")
-SPEC_KEY = re.compile(r"[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)+")
 MAX_TASKS = 1000                  # below Slurm's default MaxArraySize (1001)
 
 
@@ -42,18 +41,11 @@ def check_stage_name(text: str):
     return None
 
 
-def check_metric(text: str):
-    if METRIC.fullmatch(text):
-        return None
-    return ("a metric is val.<field> or train.<field>: that field of the run's last val (or "
-            "train) line in metrics.jsonl", "write e.g. best_by: val.accuracy")
-
-
-def check_spec_key(text: str):
-    if SPEC_KEY.fullmatch(text):
-        return None
-    return ("a job spec key is dotted, SECTION.KEY, as with --set",
-            "write e.g. optim.base_lr")
+check_metric = values.pattern_check(
+    METRIC, "a metric is val.<field> or train.<field>: that field of the run's last val (or "
+    "train) line in metrics.jsonl", "write e.g. best_by: val.accuracy")
+check_spec_key = values.pattern_check(values.DOTTED_KEY, "a job spec key is dotted, SECTION.KEY, "
+                                      "as with --set", "write e.g. optim.base_lr")
 
 
 STAGE_DEFAULTS = {"mem": "4G"}    # without --mem, a site may give a stage's small job a whole node's

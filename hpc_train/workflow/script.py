@@ -99,12 +99,7 @@ def word(value: Word) -> str:
 
 def shell_line(line) -> str:
     if isinstance(line, Shell):
-        out, position = [], 0
-        for match in refs.REFERENCE.finditer(line.text):
-            out.append(line.text[position:match.start()])
-            out.append(word(line.known[refs.Ref(match.group(1), match.group(2))]))
-            position = match.end()
-        return "".join(out) + line.text[position:]
+        return refs.REFERENCE.sub(lambda m: word(line.known[refs.Ref(*m.groups())]), line.text)
     return " ".join(word(w) for w in line)
 
 

@@ -86,9 +86,8 @@ def explain_cancels(stages: list[StageStatus], record: dict) -> None:
                         "dependency can never be satisfied (DependencyNeverSatisfied)")
 
 
-def _elapsed(rows: list[Job]) -> float | None:
-    found = [r.elapsed for r in rows if r.elapsed is not None]
-    return max(found) if found else None
+def _elapsed(rows: list[Job] | list[MemberStatus]) -> float | None:
+    return max((r.elapsed for r in rows if r.elapsed is not None), default=None)
 
 
 def last_error(paths: WorkflowPaths, stage: str) -> str | None:
@@ -147,9 +146,9 @@ def _train(paths, name, record, history, rows) -> StageStatus:
         state = queue.combine([m.state for m in members])
         failed = next((m for m in members if m.failure), None)
         arrays = sorted({job.split("_")[0] for job in jobs.values()}, key=int)
-        return StageStatus(name, "train", state, arrays, _elapsed_of(members),
+        return StageStatus(name, "train", state, arrays, _elapsed(members),
                            record.get("best_by"), None if best is None else members[best].metric,
-                           _first(m.reason for m in members),
+                           next((m.reason for m in members if m.reason), ""),
                            failed and f"member {failed.index}: {failed.failure}",
                            [m["run_dir"] for m in record["members"]], members, best)
     run_dir = record["run_dirs"][0]
@@ -160,15 +159,6 @@ def _train(paths, name, record, history, rows) -> StageStatus:
                        "val.accuracy", metric_value(metrics, "val.accuracy"), _reason(found, state),
                        run_failure(run_dir) if state in BAD and state != "CANCELLED" else None,
                        [run_dir])
-
-
-def _elapsed_of(members: list[MemberStatus]) -> float | None:
-    found = [m.elapsed for m in members if m.elapsed is not None]
-    return max(found) if found else None
-
-
-def _first(texts) -> str:
-    return next((t for t in texts if t), "")
 
 
 def _script_stage(paths, name, record, history, rows, local: bool) -> StageStatus:

@@ -3,9 +3,7 @@ stage graph of a dry run."""
 
 from __future__ import annotations
 
-import sys
-
-from hpc_train.inspection.text import duration
+from hpc_train.inspection.text import duration, print_table
 from hpc_train.workflow import graph
 from hpc_train.workflow.status import StageStatus, WorkflowStatus
 
@@ -58,22 +56,14 @@ def footer(status: WorkflowStatus) -> list[str]:
 
 
 def print_status(status: WorkflowStatus, out=None) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    console = Console(file=out or sys.stdout, highlight=False)
     lines = rows(status)
-    if not console.is_terminal:
-        console.file.write(f"workflow {status.name}: {status.dir}\n" + "\t".join(HEADER) + "\n")
-        console.file.write("".join("\t".join(cells) + "\n" for cells, _ in lines))
-        console.file.write("".join(line + "\n" for line in footer(status)))
-        return
-    table = Table(*HEADER, title=f"workflow {status.name}: {status.dir}", title_justify="left")
-    for cells, state in lines:
-        table.add_row(*cells, style=STYLE.get(state, ""))
-    console.print(table)
+    console = print_table(HEADER, [cells for cells, _ in lines], [STYLE.get(state, "") for _, state in lines],
+                          f"workflow {status.name}: {status.dir}", out)
     for line in footer(status):
-        console.print(line, style="bold red" if line.startswith("failed") else "")
+        if console.is_terminal:
+            console.print(line, style="bold red" if line.startswith("failed") else "")
+        else:
+            console.file.write(line + "\n")
 
 
 def graph_text(needs: graph.Needs, after_any: dict[str, list[str]], jobs: dict[str, list[str]]) -> str:

@@ -11,7 +11,7 @@ from PIL import Image
 
 from hpc_train.data.decode import open_encoded
 from hpc_train.data.transforms import (IMAGENET_MEAN, IMAGENET_STD, TrainTransform, ValTransform,
-                                       rrc_params, to_normalized_tensor, val_box)
+                                       normalize_uint8, rrc_params, scale_shift, val_box)
 
 
 def _jpeg(width: int, height: int, seed: int = 0) -> bytes:
@@ -65,8 +65,8 @@ def test_train_output_is_normalised_float_chw():
 
 
 def test_normalisation_of_extremes():
-    black = to_normalized_tensor(Image.new("RGB", (2, 2), (0, 0, 0)))
-    white = to_normalized_tensor(Image.new("RGB", (2, 2), (255, 255, 255)))
+    black, white = (normalize_uint8(torch.full((3, 2, 2), v, dtype=torch.uint8), *scale_shift())
+                    for v in (0, 255))
     mean, std = torch.tensor(IMAGENET_MEAN), torch.tensor(IMAGENET_STD)
     assert torch.allclose(black[:, 0, 0], -mean / std)
     assert torch.allclose(white[:, 0, 0], (1 - mean) / std)

@@ -9,6 +9,7 @@ integers; float costs are scaled to integers first.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 
 
@@ -56,22 +57,9 @@ def balance_blocks(costs: Sequence[float], stages: int) -> list[int]:
     return _cut(ints, stages, low)
 
 
-def stage_costs(costs: Sequence[float], sizes: Sequence[int]) -> list[float]:
-    """The cost of each stage under a partition."""
-    out, start = [], 0
-    for size in sizes:
-        out.append(sum(costs[start:start + size]))
-        start += size
-    return out
-
-
 def stage_bounds(sizes: Sequence[int]) -> list[tuple[int, int]]:
     """[start, end) block indices of each stage."""
-    bounds, start = [], 0
-    for size in sizes:
-        bounds.append((start, start + size))
-        start += size
-    return bounds
+    return [(end - size, end) for size, end in zip(sizes, itertools.accumulate(sizes))]
 
 
 def bubble_fraction(stages: int, microbatches: int) -> float:

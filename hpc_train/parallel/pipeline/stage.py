@@ -71,10 +71,5 @@ def time_blocks(full: nn.Sequential, example: torch.Tensor, repeats: int = 3) ->
         costs.append(best)
         with torch.no_grad():
             x = block(x)
-    block_grads_clear(full)
+    full.zero_grad(set_to_none=True)
     return costs
-
-
-def block_grads_clear(module: nn.Module) -> None:
-    for p in module.parameters():
-        p.grad = None
