@@ -188,11 +188,14 @@ def checkpoint_time(events: list[dict]) -> tuple[int, float]:
     return len(saves), sum(float(e.get("seconds") or 0.0) for e in saves)
 
 
-def samples_trained(events: list[dict], metrics: list[dict]) -> tuple[int, int | None]:
-    """(the run's last step, samples per step): useful work, redone steps not counted twice."""
+def samples_trained(events: list[dict], metrics: list[dict]) -> tuple[int, int | None, int | None]:
+    """(the run's last step, samples per step, samples trained): useful work, redone steps not
+    counted twice. Samples trained are the trainer's own count (metrics' `samples`), which holds
+    across a change of world size; None for a run from before it was logged."""
     last = max((s for _, s in _steps(events, metrics)), default=0)
     started = ev.last(events, ev.TRAINING_STARTED)
-    return last, (started or {}).get("global_batch")
+    counted = [m["samples"] for m in metrics if m.get("split") is None and "samples" in m]
+    return last, (started or {}).get("global_batch"), max(counted, default=None)
 
 
 def gpu_summary(samples: list[dict]) -> dict | None:

@@ -36,6 +36,7 @@ class Report:
     sample_name: str = "images"       # what one sample is: images, or sequences (gpt)
     slowest: dict | None = None       # the last run's slowest rank (summary.slowest)
     straggler_warnings: int = 0       # `straggler` events over the whole run
+    samples_counted: int | None = None    # the trainer's own count (holds across a resize)
     unknown: list[str] = field(default_factory=list)
     timeline: str | None = None
 
@@ -50,6 +51,8 @@ class Report:
 
     @property
     def samples(self) -> int | None:
+        if self.samples_counted is not None:
+            return self.samples_counted
         return None if self.samples_per_step is None else self.last_step * self.samples_per_step
 
     @property
@@ -123,7 +126,7 @@ def build_report(paths: RunPaths, slurm: bool = True, now: float | None = None,
                        "estimated from the spec's allocation, no CPU time or memory")
     unknown += _usage_gaps(usage, bool(segments))
     saves, seconds = efficiency.checkpoint_time(events)
-    last_step, per_step = efficiency.samples_trained(events, metrics)
+    last_step, per_step, counted = efficiency.samples_trained(events, metrics)
     restarts = efficiency.restarts(windows, events, metrics)
     if any(r.redone_steps for r in restarts) and efficiency.step_seconds(metrics) is None:
         unknown.append("redone steps as time: no step_time in metrics.jsonl")
@@ -136,7 +139,7 @@ def build_report(paths: RunPaths, slurm: bool = True, now: float | None = None,
     report = Report(paths.root.name, job_ids, windows, usage, restarts, saves, seconds, last_step,
                     per_step, gpu, now, "sequences" if model == "gpt" else "images",
                     slowest(read_beats(paths.heartbeat, ev.start_time(events)), spec),
-                    len(ev.named(events, ev.STRAGGLER)), unknown)
+                    len(ev.named(events, ev.STRAGGLER)), counted, unknown)
     if plot and windows:
         from hpc_train.inspection.timeline import build_timeline, write_timeline
 

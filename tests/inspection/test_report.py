@@ -109,7 +109,15 @@ def test_windows_from_events_alone():
 
 def test_checkpoints_and_work_of_the_recorded_run():
     assert efficiency.checkpoint_time(EVENTS) == (3, pytest.approx(0.23 + 0.219 + 0.241))
-    assert efficiency.samples_trained(EVENTS, METRICS) == (92, 64)
+    assert efficiency.samples_trained(EVENTS, METRICS)[:2] == (92, 64)
+
+
+def test_samples_trained_follow_the_trainers_count_across_a_resize():
+    # 2 ranks x 32 for 15 steps, then 4 ranks x 32: 15 x 64 + 38 x 128, not 53 x 128.
+    events = [_event(1.0, "training_started", global_batch=64), _event(9.0, "training_started", global_batch=128)]
+    metrics = [{"time": 5.0, "step": 15, "samples": 960}, {"time": 20.0, "step": 53, "samples": 960 + 38 * 128},
+               {"time": 21.0, "split": "val", "step": 53, "samples": 1000}]
+    assert efficiency.samples_trained(events, metrics) == (53, 128, 960 + 38 * 128)
 
 
 def _event(t, name, **fields):
