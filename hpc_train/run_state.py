@@ -48,11 +48,10 @@ class RunState:
         return (from_hash, to_hash) in self.consented_specs
 
     def with_retry(self, cause: str) -> RunState:
-        return replace(self, retries={**self.retries, cause: self.retries.get(cause, 0) + 1})
+        return replace(self, retries=_plus_one(self.retries, cause))
 
     def with_restart_in_job(self, cause: str) -> RunState:
-        return replace(self, restarts_in_job={**self.restarts_in_job,
-                                              cause: self.restarts_in_job.get(cause, 0) + 1})
+        return replace(self, restarts_in_job=_plus_one(self.restarts_in_job, cause))
 
     def with_consent(self, from_hash: str | None, to_hash: str) -> RunState:
         return replace(self, consented_specs=(*self.consented_specs, (from_hash, to_hash)))
@@ -61,7 +60,7 @@ class RunState:
         return replace(self, pipeline_cut=tuple(sizes))
 
     def with_last_save(self, position: dict) -> RunState:
-        return replace(self, last_save={str(k): int(v) for k, v in position.items()})
+        return replace(self, last_save=_counts(position))
 
 
 def parse(data) -> RunState:
@@ -72,13 +71,17 @@ def parse(data) -> RunState:
                         tuple((a, str(b)) for a, b in data.get("consented_specs", [])),
                         None if cut is None else tuple(int(n) for n in cut),
                         _counts(data.get("restarts_in_job", {})),
-                        None if save is None else {str(k): int(v) for k, v in save.items()})
+                        None if save is None else _counts(save))
     except (AttributeError, TypeError, ValueError) as exc:
         raise ValueError(f"not a run state: {exc}") from exc
 
 
 def _counts(data) -> dict[str, int]:
     return {str(k): int(n) for k, n in data.items()}
+
+
+def _plus_one(counts: dict[str, int], key: str) -> dict[str, int]:
+    return {**counts, key: counts.get(key, 0) + 1}
 
 
 def from_events(history: list[dict]) -> RunState:

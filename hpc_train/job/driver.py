@@ -86,22 +86,25 @@ def stop_grace(signal_seconds: int) -> float:
     return max(10.0, signal_seconds - 15.0)
 
 
+def _in_slurm_allocation(environ) -> bool:
+    return environ.get("SUBMITIT_EXECUTOR") != "local" and "SLURM_JOB_NODELIST" in environ
+
+
 def job_allocation(spec: JobSpec, environ) -> Allocation:
     """Every host of this job (slurm.spare_nodes included), or this host outside Slurm."""
-    if environ.get("SUBMITIT_EXECUTOR") != "local" and "SLURM_JOB_NODELIST" in environ:
+    if _in_slurm_allocation(environ):
         return allocation_from_slurm(environ)
     return local_allocation(socket.gethostname(), spec.world_size)
 
 
 def current_allocation(spec: JobSpec, environ, lost=frozenset()) -> Allocation:
     """The hosts the ranks run on: the job's first slurm.nodes hosts that have not died."""
-    if environ.get("SUBMITIT_EXECUTOR") != "local" and "SLURM_JOB_NODELIST" in environ:
+    allocation = job_allocation(spec, environ)
+    if _in_slurm_allocation(environ):
         try:
-            allocation = training_hosts(allocation_from_slurm(environ), spec.slurm.nodes, lost)
+            allocation = training_hosts(allocation, spec.slurm.nodes, lost)
         except ValueError as exc:
             raise LaunchError(str(exc)) from None
-    else:
-        allocation = local_allocation(socket.gethostname(), spec.world_size)
     if allocation.world_size != spec.world_size:
         raise LaunchError(f"the allocation has {allocation.world_size} slots "
                           f"({allocation.hosts}) but the spec asks for {spec.world_size} ranks")
@@ -177,12 +180,12 @@ def run_driver(run_dir: str | Path) -> Decision:
     # process at once, and the default action would end it before the `requeued` event.
     forwarder = StopForwarder()
     try:
-        for launch in itertools.count():
-            decision, ended = run_ranks(paths, spec, environ, forwarder,
-                                        Launch(launch, deadline, end, hosts, lost))
+        for index in itertools.count():
+            launch = Launch(index, deadline, end, hosts, lost)
+            decision, ended = run_ranks(paths, spec, environ, forwarder, launch)
             if decision.action != "restart":
                 return decision
-            lost |= set(ended.node_fault.nodes if ended.node_fault else ())
+            lost = launch.lost_with(ended.node_fault)
     finally:
         forwarder.restore()
 
@@ -198,10 +201,14 @@ class Launch:
     hosts: tuple[str, ...] = ()
     lost: frozenset[str] = frozenset()
 
+    def lost_with(self, fault: NodeFault | None) -> frozenset[str]:
+        """The hosts lost so far, the fault's included."""
+        return self.lost | frozenset(fault.nodes if fault else ())
+
     def spare_hosts(self, nodes: int, fault: NodeFault | None) -> int:
         """Hosts left beyond the `nodes` the ranks need, once the fault's are lost too (< 0:
         too few to go on in the job)."""
-        gone = self.lost | set(fault.nodes if fault else ())
+        gone = self.lost_with(fault)
         return sum(host not in gone for host in self.hosts) - nodes
 
 
@@ -272,7 +279,7 @@ def conclude(paths: RunPaths, spec: JobSpec, environ, started: float, launch: La
         can_requeue=under_slurm(environ)))
     if decision.action == "restart":
         return _restart(decision, paths, launch.index + 1, spec.launch.restarts_in_job, ended)
-    lost = launch.lost | set(ended.node_fault.nodes if ended.node_fault else ())
+    lost = launch.lost_with(ended.node_fault)
     return _carry_out(decision, paths, environ, restart, launch.end, ended, tuple(sorted(lost)))
 
 
