@@ -21,8 +21,10 @@ from tests.runs import (describe_failure, drive, events, heartbeat_step, local_r
 
 pytestmark = [pytest.mark.mpi, pytest.mark.horovod, pytest.mark.slow]
 
+# 8 steps an epoch: six epochs, so the kill at step 10 lands well before the last step (with two,
+# a fast machine had trained all 16 before the kill, and the restart had nothing left to train).
 SMALL = ["data.kind=synthetic", "data.train_samples=512", "data.val_samples=0", "data.image_size=16",
-         "data.workers=1", "log.every_steps=1", "checkpoint.every_steps=4", "optim.epochs=2",
+         "data.workers=1", "log.every_steps=1", "checkpoint.every_steps=4", "optim.epochs=6",
          "launch.env.OMP_NUM_THREADS='1'"]
 
 
