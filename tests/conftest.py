@@ -1,8 +1,8 @@
-"""Shared fixtures: the real single-node Slurm, the 2-node Slurm on this machine, and an mpirun
+"""Shared fixtures: the real single-node Slurm, the 3-node Slurm on this machine, and an mpirun
 command line for this host.
 
 The Slurm fixtures use a cluster that already answers (`sinfo`), or start the project's own
-(env/slurm/start.sh, with --nodes 2 for `slurm_nodes`) for the session and stop it afterwards.
+(env/slurm/start.sh, with --nodes 3 for `slurm_nodes`) for the session and stop it afterwards.
 Under CI=true a missing cluster is a failure, never a skip: the end-to-end tests are the point.
 """
 
@@ -93,7 +93,7 @@ class SlurmNodes(SlurmCluster):
 
 @pytest.fixture(scope="session")
 def slurm_nodes():
-    """The 2-node cluster of env/slurm/start.sh --nodes 2 (hpcn1, hpcn2, one network namespace
+    """The 3-node cluster of env/slurm/start.sh --nodes 3 (hpcn1..3, one network namespace
     each), independent of the single-node one. Point Slurm commands at it with `env`."""
     state = Path(os.environ.get("HPC_TRAIN_SLURM_NODES_STATE") or REPO / ".slurm-state-nodes").resolve()
     conf = state / "etc" / "slurm.conf"
@@ -101,19 +101,22 @@ def slurm_nodes():
     started_here = False
     if not (conf.is_file() and _slurm_answers(env)):
         if os.geteuid() != 0:
-            _unavailable("the 2-node Slurm does not answer and env/slurm/start.sh --nodes 2 needs root")
-        start = subprocess.run(["bash", str(REPO / "env/slurm/start.sh"), "--nodes", "2"],
+            _unavailable("the 3-node Slurm does not answer and env/slurm/start.sh --nodes 3 needs root")
+        start = subprocess.run(["bash", str(REPO / "env/slurm/start.sh"), "--nodes", "3"],
                                capture_output=True, text=True, timeout=300)
         if start.returncode != 0:
-            _unavailable(f"env/slurm/start.sh --nodes 2 failed:\n{start.stdout}\n{start.stderr}")
+            _unavailable(f"env/slurm/start.sh --nodes 3 failed:\n{start.stdout}\n{start.stderr}")
         started_here = True
     nodes = [line.split()[0] for line in (state / "nodes").read_text().splitlines() if line.strip()]
+    if len(nodes) < 3:     # the node-failure tests need a third node (a spare, an idle one)
+        _unavailable(f"the multi-node Slurm of {state} has {len(nodes)} nodes, the tests need 3: "
+                     "bash env/slurm/stop.sh --nodes 2 && bash env/slurm/start.sh --nodes 3")
     cluster = SlurmNodes(started_here=started_here, env=env, conf=str(conf), nodes=nodes)
     yield cluster
     if cluster.job_ids:
         subprocess.run(["scancel", *cluster.job_ids], capture_output=True, timeout=30, env=env)
     if cluster.started_here:
-        subprocess.run(["bash", str(REPO / "env/slurm/stop.sh"), "--nodes", "2"], capture_output=True,
+        subprocess.run(["bash", str(REPO / "env/slurm/stop.sh"), "--nodes", "3"], capture_output=True,
                        timeout=120)
 
 

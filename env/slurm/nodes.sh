@@ -28,6 +28,10 @@ SlurmctldLogFile=$LOG/slurmctld.log
 SlurmdLogFile=$LOG/slurmd-%n.log
 # All nodes share /tmp, and mpi/pmix creates the same /tmp/spmix_appdir_* on each: one TmpFS each.
 TmpFS=$NODE_TMP/%n
+# A crashed node (node.sh crash) is marked DOWN within about this long, not Slurm's 300 s: a job
+# requeued off it waits that long for the dead node's part of the job to be given up. Sites keep
+# minutes; the job's own recovery (hpc_train's driver) never waits for it.
+SlurmdTimeout=20
 $(conf_essentials)
 ${nodelines}PartitionName=debug Nodes=${NODE_PREFIX}[1-$NODES] Default=YES MaxTime=INFINITE State=UP
 EOF

@@ -130,7 +130,7 @@ def run_launches(spec, root: Path, plan: dict) -> None:
     """Every launch of the plan in its order, each started and supervised as a job's ranks (in
     this allocation, or on this host); stops at the first that fails, naming the logs. A launch
     of one rank (the plan has 1 and the whole allocation) runs on the allocation's first slot."""
-    allocation, paths = current_allocation(spec, os.environ), RunPaths(root)
+    (allocation, _), paths = current_allocation(spec, os.environ), RunPaths(root)
     first_slot = Allocation(((allocation.host_names[0], 1),))
     for launch in plan["launches"]:
         slots = allocation if launch["ranks"] == allocation.world_size else first_slot

@@ -72,8 +72,12 @@ def build_status(run_dir: Path, slurm: bool = True, baseline: float | None = Non
             run.waiting_ranks += signatures.missing_ranks(_tail_lines(path))
     now = time.time()
     status = summary.summarize(run, now, live, baseline, quiet_minutes * 60)
-    if live is not None and live.state.active and live.nodes:
-        states = scheduler.node_states(scheduler.expand_hostlist(live.nodes)) or {}
+    if live is not None and live.state.active:
+        # The job's nodes, and those that died under it earlier (a requeued job runs without
+        # them): each named for as long as Slurm shows it lost.
+        died = {node for lost in ev.named(run.events, ev.NODE_LOST) for node in lost.get("nodes") or []}
+        nodes = sorted(died.union(scheduler.expand_hostlist(live.nodes) if live.nodes else []))
+        states = (scheduler.node_states(nodes) if nodes else None) or {}
         status.lost_nodes = {node: state for node, state in states.items() if scheduler.node_lost(state)}
     if status.state in _FAILED or status.state == "STOPPED" or not status.health.ok:
         status.diagnosis = diagnose.diagnose(paths, slurm=live, now=now).to_json()

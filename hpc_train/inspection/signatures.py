@@ -92,9 +92,11 @@ SIGNATURES: tuple[Signature, ...] = (
               (r"DUE TO NODE FAILURE", r"State=NODE_FAIL", r"^node_lost: ",
                r"\b(ORTE|PRTE) has lost communication with a remote daemon",
                r"srun: error: Node failure on"),
-              "not a fault of the code: the driver requeues the job without the node "
-              "(checkpoint.retries_on_node_failure; checkpoint.retries_on_failure is untouched), "
-              "else resubmit (python -m hpc_train resume RUN_DIR); tell the admins the node name"),
+              "not a fault of the code: the driver goes on without the node, in the job on a "
+              "spare (slurm.spare_nodes) or the survivors (slurm.nodes a range, as 1-2), else "
+              "by a requeue that excludes it (checkpoint.retries_on_node_failure; "
+              "checkpoint.retries_on_failure is untouched); if all are spent, resume (python -m "
+              "hpc_train resume RUN_DIR); tell the admins the node name"),
     Signature("corrupt_shard", "corrupt or unreadable data shard",
               (r"cannot open as a shard", r"DataError: .* is unreadable",
                r"record \d+ \(global index \d+, key", r"cannot read token shard",

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import hpc_train
 from hpc_train import events, run_state, scheduler
-from hpc_train.errors import LaunchError
+from hpc_train.errors import LaunchError, SpecError
 from hpc_train.job.node_fault import NodeFault, node_fault
 from hpc_train.job.requeue import Budget, Decision, Ended, decide, ending_status, requeue_path
 from hpc_train.job.supervise import LauncherOutput, StopForwarder, Watch, supervise
@@ -37,8 +37,9 @@ from hpc_train.launch.network import NETWORK_ENV, address_for
 from hpc_train.rundir import RunPaths
 from hpc_train.runtime import environment
 from hpc_train.runtime.netif import ipv4_addresses
-from hpc_train.runtime.stop import DEADLINE_ENV, STALL_ENV, STOP_EXIT
+from hpc_train.runtime.stop import DEADLINE_ENV, NODES_ENV, STALL_ENV, STOP_EXIT
 from hpc_train.spec import JobSpec, load_spec
+from hpc_train.spec.global_batch import fit_to_nodes
 
 log = logging.getLogger("hpc_train.driver")
 WORKER = "hpc_train.job.worker"   # the ranks' entry point (`bench train` starts its own)
@@ -97,18 +98,21 @@ def job_allocation(spec: JobSpec, environ) -> Allocation:
     return local_allocation(socket.gethostname(), spec.world_size)
 
 
-def current_allocation(spec: JobSpec, environ, lost=frozenset()) -> Allocation:
-    """The hosts the ranks run on: the job's first slurm.nodes hosts that have not died."""
-    allocation = job_allocation(spec, environ)
+def current_allocation(spec: JobSpec, environ, lost=frozenset()) -> tuple[Allocation, JobSpec]:
+    """The hosts the ranks run on, and the spec they train with there. Under Slurm: the job's
+    first slurm.nodes hosts that have not died (slurm.nodes a range: as many as are alive, down
+    to its minimum); the spec fitted to their number (fit_to_nodes: the run goes on by samples)."""
+    allocation, fitted = job_allocation(spec, environ), spec
     if _in_slurm_allocation(environ):
         try:
-            allocation = training_hosts(allocation, spec.slurm.nodes, lost)
-        except ValueError as exc:
+            allocation = training_hosts(allocation, spec.slurm.nodes, lost, spec.slurm.min_nodes)
+            fitted = fit_to_nodes(spec, len(allocation.hosts))
+        except (ValueError, SpecError) as exc:
             raise LaunchError(str(exc)) from None
-    if allocation.world_size != spec.world_size:
+    if allocation.world_size != fitted.world_size:
         raise LaunchError(f"the allocation has {allocation.world_size} slots "
-                          f"({allocation.hosts}) but the spec asks for {spec.world_size} ranks")
-    return allocation
+                          f"({allocation.hosts}) but the spec asks for {fitted.world_size} ranks")
+    return allocation, fitted
 
 
 def under_slurm(environ) -> bool:
@@ -153,6 +157,8 @@ def launch_plan(spec: JobSpec, paths: RunPaths, allocation: Allocation, environ,
     }
     if launch.network_interface:
         env[NETWORK_ENV] = launch.network_interface
+    if under_slurm(environ):
+        env[NODES_ENV] = str(len(allocation.hosts))
     if deadline is not None:
         env[DEADLINE_ENV] = f"{deadline:.0f}"
     return LaunchPlan(
@@ -216,8 +222,8 @@ def run_ranks(paths: RunPaths, spec: JobSpec, environ, forwarder: StopForwarder,
               launch: Launch) -> tuple[Decision, Ended]:
     """Start the ranks once, supervise them, and decide and carry out what follows."""
     started = time.time()
-    allocation = current_allocation(spec, environ, launch.lost)
-    plan = launch_plan(spec, paths, allocation, environ, launch.deadline)
+    allocation, fitted = current_allocation(spec, environ, launch.lost)
+    plan = launch_plan(fitted, paths, allocation, environ, launch.deadline)
     argv = launch_argv(plan)
     _record_environment(paths, environ, plan, package=Path(hpc_train.__file__).parent)
     events.try_record(paths, events.started(list(allocation.host_names), allocation.world_size,
@@ -248,9 +254,15 @@ def run_ranks(paths: RunPaths, spec: JobSpec, environ, forwarder: StopForwarder,
 
 def lost_node(returncode: int, lines: list[str], allocation: Allocation, environ) -> NodeFault | None:
     """Whether a node of the allocation died under the ranks (node_fault.py): from the
-    launcher's last lines and, under Slurm, its view of the nodes."""
-    states = scheduler.node_states(list(allocation.host_names)) if under_slurm(environ) else None
-    return node_fault(returncode, lines, states or {})
+    launcher's last lines and, under Slurm, its view of the nodes and whether their slurmd
+    still answers."""
+    if not under_slurm(environ):
+        return node_fault(returncode, lines, {})
+    hosts = list(allocation.host_names)
+    gone = scheduler.unreachable_nodes(hosts)
+    if hosts[0] in gone:     # the batch host, where this driver runs: the probe proves nothing
+        gone = []
+    return node_fault(returncode, lines, scheduler.node_states(hosts) or {}, tuple(gone))
 
 
 def _record_environment(paths: RunPaths, environ, plan: LaunchPlan, package: Path) -> None:
@@ -275,7 +287,7 @@ def conclude(paths: RunPaths, spec: JobSpec, environ, started: float, launch: La
         max_restarts_in_job=spec.launch.restarts_in_job,
         node_failures=state.retries.get(events.CAUSE_NODE, 0),
         max_node_failures=checkpoint.retries_on_node_failure,
-        spare_hosts=launch.spare_hosts(spec.slurm.nodes, ended.node_fault),
+        spare_hosts=launch.spare_hosts(spec.slurm.fewest_nodes, ended.node_fault),
         can_requeue=under_slurm(environ)))
     if decision.action == "restart":
         return _restart(decision, paths, launch.index + 1, spec.launch.restarts_in_job, ended)

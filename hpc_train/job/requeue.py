@@ -41,8 +41,8 @@ class Budget:
     checkpoint.max_requeues; earlier runs that failed or stalled and were requeued (the run
     state) against checkpoint.retries_on_failure; restarts in this job against
     launch.restarts_in_job; requeues after a node's death against
-    checkpoint.retries_on_node_failure, a restart without it against the spare hosts left
-    (slurm.spare_nodes). can_requeue: under Slurm (not submitit's local executor)."""
+    checkpoint.retries_on_node_failure, a restart without it against the hosts left beyond
+    the fewest the ranks need (slurm.spare_nodes, or slurm.nodes a range). can_requeue: under Slurm (not submitit's local executor)."""
     requeues: int = 0
     max_requeues: int = 0
     failed_runs: int = 0
@@ -51,7 +51,7 @@ class Budget:
     max_restarts_in_job: int = 0
     node_failures: int = 0
     max_node_failures: int = 0
-    spare_hosts: int = -1       # hosts of the job left beyond those the ranks need, after a loss
+    spare_hosts: int = -1       # hosts of the job left beyond the fewest the ranks need, after a loss
     can_requeue: bool = True
 
 
@@ -93,7 +93,8 @@ def _after_node_fault(fault: NodeFault, budget: Budget) -> Decision:
     of checkpoint.retries_on_failure."""
     what = f"node failure: {fault.why}"
     if fault.nodes and budget.spare_hosts >= 0 and budget.restarts_in_job < budget.max_restarts_in_job:
-        return Decision("restart", f"{what}; on a spare node without {', '.join(fault.nodes)}, "
+        return Decision("restart", f"{what}; going on without {', '.join(fault.nodes)} (on a "
+                                   f"spare, or the survivors where slurm.nodes is a range), "
                                    f"restart {budget.restarts_in_job + 1} of "
                                    f"{budget.max_restarts_in_job} in the job", events.CAUSE_NODE)
     if not budget.can_requeue:

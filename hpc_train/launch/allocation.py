@@ -45,12 +45,15 @@ def allocation_from_slurm(env: Mapping[str, str]) -> Allocation:
     return Allocation(tuple(zip(hosts, counts)))
 
 
-def training_hosts(allocation: Allocation, nodes: int, lost=frozenset()) -> Allocation:
+def training_hosts(allocation: Allocation, nodes: int, lost=frozenset(),
+                   fewest: int | None = None) -> Allocation:
     """The first `nodes` hosts of the allocation that have not died: the ones the ranks run on;
-    the rest (slurm.spare_nodes) wait. Fewer than `nodes` left: ValueError."""
+    the rest (slurm.spare_nodes) wait. With `fewest` (slurm.nodes as a range), as many as are
+    alive, from `fewest` up to `nodes`. Fewer than that alive: ValueError."""
     alive = tuple((host, slots) for host, slots in allocation.hosts if host not in lost)
-    if len(alive) < nodes:
-        raise ValueError(f"{nodes} nodes needed, {len(alive)} alive in the allocation "
+    needed = nodes if fewest is None else fewest
+    if len(alive) < needed:
+        raise ValueError(f"{needed} nodes needed, {len(alive)} alive in the allocation "
                          f"({', '.join(allocation.host_names)}; lost: {', '.join(sorted(lost))})")
     return Allocation(alive[:nodes])
 

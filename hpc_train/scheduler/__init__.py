@@ -13,8 +13,11 @@ second job) nor `scontrol requeue` (`requeue` checks Slurm's view between its ow
 from __future__ import annotations
 
 import os
+import re
 import shutil
+import socket
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 from hpc_train import _proc
 from hpc_train.errors import SubmitError
@@ -91,6 +94,26 @@ def node_states(nodes: list[str], timeout: float = 10) -> dict[str, str] | None:
     answer (a crashed node is shown not responding once slurmctld has noticed)."""
     out = call(["scontrol", "show", "node", "-o", ",".join(nodes)], timeout)
     return parse_show_nodes(out.stdout) if out.ok or out.stdout else None
+
+
+def unreachable_nodes(nodes: list[str], timeout: float = 3.0) -> list[str]:
+    """The nodes whose slurmd accepts no connection within `timeout` (refused, unreachable, no
+    answer): a machine that crashed or was cut off, known at once, where slurmctld marks it only
+    after its SlurmdTimeout (minutes at most sites). [] when Slurm does not say its slurmd port."""
+    out = call(["scontrol", "show", "config"], 10)
+    port = re.search(r"^SlurmdPort\s*=\s*(\d+)", out.stdout, re.M) if out.ok else None
+    if port is None or not nodes:
+        return []
+
+    def refused(node: str) -> bool:
+        try:
+            with socket.create_connection((node, int(port.group(1))), timeout=timeout):
+                return False
+        except OSError:
+            return True
+
+    with ThreadPoolExecutor(max_workers=min(len(nodes), 16)) as pool:
+        return [node for node, gone in zip(nodes, pool.map(refused, nodes)) if gone]
 
 
 def exclude_nodes(job_id: str, nodes: list[str], timeout: float = 20) -> str | None:

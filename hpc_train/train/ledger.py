@@ -3,7 +3,9 @@
 Set HPC_TRAIN_SAMPLE_LEDGER=PATH for the ranks (as HPC_TRAIN_FAULT switches on
 runtime/faults.py): every rank appends one JSON line per sample of each step it trains, with
 the sample's epoch and index, the step's LR, the position the step reached (`train/schedule.py`)
-and its samples per step. Tests read it to check that a run resumed on other world sizes
+its samples per step, and which start of the ranks trained it (the driver's launch id: steps
+trained after the last checkpoint of a start that failed are trained again by the next). Tests
+read it to check that a run resumed on other world sizes
 trained every sample of every epoch once, at the uninterrupted run's LR. The keys are the
 sampler's own iteration, in the order the loader hands them to the steps.
 """
@@ -12,6 +14,8 @@ from __future__ import annotations
 
 import json
 import os
+
+from hpc_train.launch.identity import LAUNCH_ID_ENV
 
 ENV = "HPC_TRAIN_SAMPLE_LEDGER"
 
@@ -22,6 +26,7 @@ class SampleLedger:
 
     def __init__(self, rank: int, first: bool = True, environ=os.environ):
         self.path, self.rank = (environ.get(ENV) or None) if first else None, rank
+        self.launch = environ.get(LAUNCH_ID_ENV, "")
         self.keys: list = []
         self.per_step = 0
 
@@ -37,7 +42,8 @@ class SampleLedger:
         taken, self.keys = self.keys[:self.per_step], self.keys[self.per_step:]
         lines = "".join(json.dumps({"rank": self.rank, "epoch": key.epoch, "index": key.index,
                                     "lr": lr, "position": position,
-                                    "samples_per_step": samples_per_step}) + "\n" for key in taken)
+                                    "samples_per_step": samples_per_step, "launch": self.launch}) + "\n"
+                        for key in taken)
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
             os.write(fd, lines.encode())

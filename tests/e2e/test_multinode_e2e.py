@@ -1,7 +1,7 @@
-"""Jobs across the 2-node Slurm (env/slurm/start.sh --nodes 2), as users submit them.
+"""Jobs across two nodes of the 3-node Slurm (env/slurm/start.sh --nodes 3), as users submit them.
 
-Every job is submitted at once by the module fixture (the cluster runs two at a time: each takes
-one CPU on each node) and judged by the tests:
+Every job is submitted at once by the module fixture (the cluster runs what fits: each takes one
+CPU on each of two nodes, which Slurm picks) and judged by the tests:
 - jobs/smoke.yaml with one rank per node trains to completion under Horovod and DDP, launched by
   mpirun and by srun --mpi=pmix: equal weights on both ranks, one rank on each node, loss falling;
 - the CPU pipeline example with its two stages on the two nodes;
@@ -103,15 +103,23 @@ def _hosts(paths: RunPaths) -> dict[int, str]:
     return found
 
 
+def _two_nodes(paths: RunPaths, cluster) -> list[str]:
+    """The two nodes Slurm gave the job (the first start's), after checking they are two of the
+    cluster's and that rank r ran on the r-th."""
+    hosts = events(paths, "started")[0]["hosts"]
+    assert len(set(hosts)) == 2 and set(hosts) <= set(cluster.nodes), hosts
+    assert _hosts(paths) == {0: hosts[0], 1: hosts[1]}
+    return hosts
+
+
 @pytest.mark.parametrize("method", ["mpirun", "srun"])
 @pytest.mark.parametrize("backend", ["horovod", "ddp"])
 def test_smoke_job_trains_across_two_nodes(method, backend, jobs, slurm_nodes):
     job = jobs[f"{method}-{backend}"]
     assert _ended(slurm_nodes, job) == "COMPLETED", describe_failure(job.paths)
     assert_trained(job.paths, ranks=2)
-    assert _hosts(job.paths) == {0: slurm_nodes.nodes[0], 1: slurm_nodes.nodes[1]}
+    _two_nodes(job.paths, slurm_nodes)
     started = events(job.paths, "started")[0]
-    assert started["hosts"] == slurm_nodes.nodes[:2]
     assert started["argv"][0].endswith(method)
     if f"{method}-{backend}" in ON_SUBNET:
         # Each rank found its own interface on the subnet (eth0 in each node's namespace), and
@@ -137,7 +145,7 @@ def test_pipeline_stages_on_two_nodes(jobs, slurm_nodes):
     assert _ended(slurm_nodes, job) == "COMPLETED", describe_failure(job.paths)
     finished = {e["rank"]: e for e in events(job.paths, "rank_finished")}
     assert {r: finished[r]["stage"] for r in finished} == {0: 0, 1: 1}
-    assert _hosts(job.paths) == {0: slurm_nodes.nodes[0], 1: slurm_nodes.nodes[1]}
+    _two_nodes(job.paths, slurm_nodes)
     losses = [m["loss"] for m in read_jsonl(job.paths.metrics) if m.get("split") is None]
     assert len(losses) >= 3 and losses[-1] < losses[0], losses
 
@@ -148,7 +156,8 @@ def test_two_node_job_stopped_by_usr2_and_requeue_resumes_on_both_nodes(jobs, sl
     assert _ended(slurm_nodes, job) == "COMPLETED", describe_failure(job.paths)
     assert_trained(job.paths, ranks=2)
     starts = events(job.paths, "started")
-    assert len(starts) == 3 and all(s["hosts"] == slurm_nodes.nodes[:2] for s in starts)
+    _two_nodes(job.paths, slurm_nodes)
+    assert len(starts) == 3 and all(len(set(s["hosts"])) == 2 for s in starts), starts
     # USR2: the ranks agreed on a step and saved it; the requeue resumed from a checkpoint.
     assert [s["kind"] for s in stops] == ["USR2", "scontrol requeue"]
     saved = events(job.paths, "stop_saved")
@@ -166,7 +175,8 @@ def test_a_rank_raising_on_the_second_node_is_named_with_its_node(method, jobs, 
     assert _ended(slurm_nodes, job) == "FAILED", describe_failure(job.paths)
     assert events(job.paths, "finished")[-1]["status"] == "failed"
     out = cli("diagnose", str(job.paths.root), env=slurm_nodes.env)
-    assert f"first failed rank: 1 on {slurm_nodes.nodes[1]} (first traceback" in out.stdout, out.stdout
+    second = _two_nodes(job.paths, slurm_nodes)[1]
+    assert f"first failed rank: 1 on {second} (first traceback" in out.stdout, out.stdout
     assert "InjectedFault" in out.stdout
 
 
@@ -175,10 +185,11 @@ def test_a_rank_freezing_on_the_second_node_is_named_and_torn_down(method, jobs,
     job = jobs[f"freeze-{method}"]
     assert _ended(slurm_nodes, job) == "FAILED", describe_failure(job.paths)
     stalled = events(job.paths, "ranks_stalled")
-    assert stalled and [(r["rank"], r["host"]) for r in stalled[0]["ranks"]] == [(1, slurm_nodes.nodes[1])]
+    second = _two_nodes(job.paths, slurm_nodes)[1]
+    assert stalled and [(r["rank"], r["host"]) for r in stalled[0]["ranks"]] == [(1, second)]
     finished = events(job.paths, "finished")[-1]
     # The teardown reached the rank on the other node: well within the 15 s stall plus 30 s.
     assert finished["status"] == "failed" and finished["time"] - stalled[0]["time"] < 30, finished
     assert heartbeat_step(job.paths, 1) < 92
     out = cli("diagnose", str(job.paths.root), env=slurm_nodes.env)
-    assert f"rank 1 on {slurm_nodes.nodes[1]}" in out.stdout, out.stdout
+    assert f"rank 1 on {second}" in out.stdout, out.stdout

@@ -8,9 +8,7 @@ stopped by USR2 near step 15 and `resume`d with `--set slurm.tasks_per_node=N
 `jobs/transformer_pipeline_cpu.yaml` goes from 2 replicas (4 ranks) to 1 (2 ranks). Every rank
 appends what it trained to the test-only sample ledger (train/ledger.py).
 
-What "exactly once" means when the global batch changes (data/sampler.py): each epoch trains a
-prefix of its fixed order, every step the next slice of it, and leaves out a tail smaller than
-one step of the segment that ends the epoch. The LR of a step is the schedule at the position it
+What "exactly once" means: tests/ledger.py. The LR of a step is the schedule at the position it
 reaches (train/schedule.py) times the linear rule's scale for its samples per step: where a
 resumed step reaches the same position as one of the uninterrupted run, their LRs are equal
 after that scale (exactly equal where the global batch was kept).
@@ -18,17 +16,14 @@ after that scale (exactly equal where the global batch was kept).
 
 from __future__ import annotations
 
-import json
 import re
 import subprocess
-import time
-from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from hpc_train.data.sampler import block_order
 from hpc_train.spec import load_spec
+from tests.ledger import assert_every_sample_once_in_order, read_ledger
 from tests.runs import cli, describe_failure, events, heartbeat_step, submit, wait_for
 
 pytestmark = [pytest.mark.slurm, pytest.mark.mpi, pytest.mark.horovod, pytest.mark.slow]
@@ -46,10 +41,6 @@ PLAN = {
     "ddp-to-4": (SMOKE, "ddp", 4, []),
     "pipeline-to-1-replica": (PIPELINE, "ddp", 2, []),
 }
-
-
-def _ledger(path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines()]
 
 
 def _stop_then_resume(slurm_cluster, root, name: str) -> dict:
@@ -95,33 +86,6 @@ def runs(slurm_cluster, tmp_path_factory):
         return {name: future.result(timeout=5400) for name, future in futures.items()}
 
 
-def _steps(rows: list[dict]) -> dict[tuple[int, int], list[dict]]:
-    """The ledger's rows by step: (epoch, position reached)."""
-    steps = defaultdict(list)
-    for row in rows:
-        steps[row["epoch"], row["position"]].append(row)
-    return steps
-
-
-def assert_every_sample_once_in_order(rows: list[dict], spec, size: int) -> dict[int, int]:
-    """Each step trained the next slice of its epoch's order (of `size` samples); returns the
-    samples trained per epoch."""
-    trained = {}
-    for epoch in range(spec.optim.epochs):
-        order = block_order(size, spec.run.seed, epoch, 256).tolist()
-        steps = sorted((p, r) for (e, p), r in _steps(rows).items() if e == epoch)
-        start = 0
-        for position, step in steps:
-            per_step = step[0]["samples_per_step"]
-            end = position - epoch * size
-            assert end - start == per_step == len(step), (epoch, position)
-            assert sorted(r["index"] for r in step) == sorted(order[start:end]), (epoch, position)
-            start = end
-        assert 0 <= size - start < per_step, f"epoch {epoch} left out {size - start} samples"
-        trained[epoch] = start
-    return trained
-
-
 def _lr_by_position(rows: list[dict]) -> dict[int, tuple[float, int]]:
     return {row["position"]: (row["lr"], row["samples_per_step"]) for row in rows}
 
@@ -144,7 +108,7 @@ def test_a_run_resumed_on_another_world_size_trains_every_sample_once_at_its_lr(
     assert started["world_size"] == spec.world_size
     assert events(paths, "finished")[-1]["status"] == "completed"
 
-    rows, reference = _ledger(run["ledger"]), _ledger(straight["ledger"])
+    rows, reference = read_ledger(run["ledger"]), read_ledger(straight["ledger"])
     size = started["epoch_samples"]
     trained = assert_every_sample_once_in_order(rows, spec, size)
     assert_every_sample_once_in_order(reference, load_spec(straight["paths"].spec), size)

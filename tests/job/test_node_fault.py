@@ -25,6 +25,7 @@ UP = {"hpcn1": "ALLOCATED", "hpcn2": "MIXED"}
 
 @pytest.mark.parametrize("returncode, lines, states, expected", [
     (1, RANK_RAISED, UP, None),                                         # the code's
+    (137, [], UP, None),                     # the watchdog tore a stalled rank down: the code's
     (205, [], UP, None),                              # a rank may exit 205 itself: no evidence
     (137, ["srun: error: hpcn2: task 1: Killed"], UP, None),            # a killed task: the code's
     (205, ORTE_LOST, UP, NodeFault(("hpcn2",), "mpirun lost its daemon on hpcn2")),
@@ -39,6 +40,15 @@ UP = {"hpcn1": "ALLOCATED", "hpcn2": "MIXED"}
 ])
 def test_node_fault(returncode, lines, states, expected):
     assert node_fault(returncode, lines, states) == expected
+
+
+def test_a_node_whose_slurmd_accepts_no_connection_died_before_slurm_says_so():
+    # srun waits for slurmctld, which marks a crashed node only after its SlurmdTimeout: until
+    # then the watchdog sees a rank that stopped beating, and the probe names its node.
+    assert node_fault(137, [], UP, ("hpcn2",)) == NodeFault(("hpcn2",), "slurmd on hpcn2 accepts no connection")
+    # the launcher's own words name it first; Slurm's view before both
+    assert node_fault(205, ORTE_LOST, UP, ("hpcn2",)).why == "mpirun lost its daemon on hpcn2"
+    assert node_fault(1, [], {"hpcn2": "DOWN*"}, ("hpcn2",)).why == "Slurm shows hpcn2 DOWN*"
 
 
 @pytest.mark.parametrize("state, lost", [

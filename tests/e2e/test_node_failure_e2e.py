@@ -1,0 +1,125 @@
+"""A node that dies under a 2-node job, on the 3-node Slurm (env/slurm/start.sh --nodes 3).
+
+`jobs/smoke.yaml` as shipped, one rank on each of two nodes; once it has saved a checkpoint, the
+second node is crashed for real (env/slurm/node.sh crash: its slurmd, slurmstepds, mpirun's
+daemon and the rank there SIGKILLed; slurmctld learns of it only by its pings):
+- with `slurm.spare_nodes: 1` the job goes on in its allocation on the spare;
+- with `slurm.nodes: 1-2` it goes on in its allocation on the survivor, one rank;
+- with neither it is requeued off the dead node and runs on the idle third one.
+Each completes with every sample of every epoch trained once (the sample ledger, from where each
+start resumed), without spending checkpoint.retries_on_failure; `status` names the dead node
+while it is dead and `diagnose` says that a node died. The scenarios run one after another (the
+spare one takes all three nodes), each node revived after its scenario.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+
+import pytest
+
+from hpc_train import run_state
+from hpc_train.spec import load_spec
+from tests.conftest import REPO
+from tests.ledger import assert_every_sample_once_in_order, kept_history, read_ledger
+from tests.runs import cli, describe_failure, events, submit, wait_for
+
+pytestmark = [pytest.mark.multinode, pytest.mark.slurm, pytest.mark.mpi, pytest.mark.slow]
+
+ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"}
+# Long enough that the job still trains when slurmctld marks the node (SlurmdTimeout=20 there).
+JOB = ["slurm.tasks_per_node=1", "optim.epochs=12", "checkpoint.every_steps=20", "log.every_steps=5"]
+SHAPES = {"spare": ["slurm.nodes=2", "slurm.spare_nodes=1"],
+          "survivor": ["slurm.nodes=1-2"],
+          "requeued": ["slurm.nodes=2"]}
+
+
+def _node(action: str, node: str) -> None:
+    out = subprocess.run(["bash", str(REPO / "env/slurm/node.sh"), action, node],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, f"node.sh {action} {node}:\n{out.stdout}\n{out.stderr}"
+
+
+def _status_names(paths, node: str, env) -> str | None:
+    out = cli("status", str(paths.root), env=env, timeout=60).stdout
+    return out if f"nodes:      {node} not responding or down" in out else None
+
+
+def _crash_under(cluster, root, name: str) -> dict:
+    """Submit, crash the job's second node after its first checkpoint, wait for the end; the
+    node is revived whatever happens."""
+    ledger = root / f"{name}.ledger"
+    job_id, paths = submit("jobs/smoke.yaml", root, f"run.name={name}", *JOB, *SHAPES[name],
+                           f"launch.env.HPC_TRAIN_SAMPLE_LEDGER={ledger}", env=cluster.env)
+    cluster.job_ids.append(job_id)
+    wait_for(lambda: events(paths, "checkpoint_saved"), 600, f"{name}'s first checkpoint")
+    first = events(paths, "started")[0]["hosts"]
+    victim = first[1]
+    _node("crash", victim)
+    try:
+        crashed = time.time()
+        said = wait_for(lambda: _status_names(paths, victim, cluster.env), 120,
+                        f"status to name {victim} while it is dead")
+        state = cluster.wait_state(job_id, ENDED, timeout=900)
+    finally:
+        _node("revive", victim)
+    segments = subprocess.run(["sacct", "-D", "-X", "-n", "-P", "-j", job_id, "-o", "State"],
+                              capture_output=True, text=True, timeout=30, env=cluster.env).stdout
+    return {"paths": paths, "ledger": ledger, "state": state, "first": first, "victim": victim,
+            "crashed": crashed, "status": said, "segments": segments.split()}
+
+
+@pytest.fixture(scope="module")
+def runs(slurm_nodes, tmp_path_factory):
+    root = tmp_path_factory.mktemp("node-failure")
+    return {name: _crash_under(slurm_nodes, root, name) for name in SHAPES}
+
+
+def _starts(paths) -> list[dict]:
+    return events(paths, "started")
+
+
+@pytest.mark.parametrize("name", list(SHAPES))
+def test_a_dead_node_is_left_behind_and_the_job_completes_exactly(runs, name, slurm_nodes):
+    run = runs[name]
+    paths, victim, first = run["paths"], run["victim"], run["first"]
+    assert run["state"] == "COMPLETED", describe_failure(paths)
+    assert [e["nodes"] for e in events(paths, "node_lost")] == [[victim]]
+    state = run_state.read(paths)
+    assert not {"failure", "stall"} & set(state.retries), state   # retries_on_failure untouched
+    after = _starts(paths)[-1]
+    assert victim not in after["hosts"]
+    third = next(node for node in slurm_nodes.nodes if node not in first)
+    if name == "spare":
+        assert run["segments"] == ["COMPLETED"], run["segments"]     # no requeue
+        assert [e["cause"] for e in events(paths, "restarted")] == ["node_failure"]
+        assert after["hosts"] == [first[0], third] and after["restart"] == 0
+        assert state.restarts_in_job == {"node_failure": 1}
+    elif name == "survivor":
+        assert run["segments"] == ["COMPLETED"], run["segments"]
+        assert [e["cause"] for e in events(paths, "restarted")] == ["node_failure"]
+        assert after["hosts"] == [first[0]] and after["ranks"] == 1
+        assert events(paths, "training_started")[-1]["world_size"] == 1
+    else:
+        assert run["segments"] == ["REQUEUED", "COMPLETED"], run["segments"]
+        assert [e["cause"] for e in events(paths, "requeued")] == ["node_failure"]
+        assert sorted(after["hosts"]) == sorted([first[0], third]) and after["restart"] == 1
+        assert state.retries == {"node_failure": 1}
+        assert not events(paths, "restarted")
+
+    spec = load_spec(paths.spec)
+    resumed = events(paths, "resumed")
+    assert len(resumed) == 1 and resumed[0]["samples"] > 0, resumed
+    rows = kept_history(read_ledger(run["ledger"]), [e["samples"] for e in resumed])
+    size = events(paths, "training_started")[-1]["epoch_samples"]
+    trained = assert_every_sample_once_in_order(rows, spec, size)
+
+    diagnosis = cli("diagnose", str(paths.root), "--run", "0", env=slurm_nodes.env).stdout
+    assert "a node of the job died [node_failure]" in diagnosis, diagnosis
+    assert "mpirun could not start the ranks" not in diagnosis, diagnosis
+    lost = events(paths, "node_lost")[0]
+    again = (events(paths, "training_started")[-1]["time"] - run["crashed"])
+    print(f"[node failure] {name}: {victim} crashed; driver saw it after "
+          f"{lost['time'] - run['crashed']:.1f} s, training again after {again:.1f} s on "
+          f"{', '.join(after['hosts'])}; samples per epoch {trained}")
