@@ -144,7 +144,7 @@ def config_overrides(config: Config, world_size: int, samples_per_rank_step: int
         if config.ranks != 1:
             raise HpcTrainError(f"--ranks {config.ranks}: only 1 and the whole allocation "
                                 f"({world_size}) are laid out by the benchmark")
-        overrides += ["slurm.nodes=1", "slurm.tasks_per_node=1"]
+        overrides += ["slurm.nodes=1", "slurm.min_nodes=null", "slurm.tasks_per_node=1"]
     if config.data == "synthetic":
         samples = samples_per_rank_step * config.accumulation * config.ranks * (steps + 2)
         overrides += ["data.kind=synthetic", "data.path=null", f"data.train_samples={samples}",

@@ -23,8 +23,9 @@ from hpc_train.rundir import RunPaths
 from hpc_train.runtime.gpu_sampler import start_sampler
 from hpc_train.runtime.heartbeat import AUTO, Heartbeat, Phase
 from hpc_train.runtime.netif import ipv4_addresses
-from hpc_train.runtime.stop import STALL_ENV, STOP_EXIT, StopFlag
-from hpc_train.spec.schema import DEFAULT_STALL_SECONDS
+from hpc_train.runtime.stop import NODES_ENV, STALL_ENV, STOP_EXIT, StopFlag
+from hpc_train.spec.global_batch import fit_to_nodes
+from hpc_train.spec.schema import DEFAULT_STALL_SECONDS, JobSpec
 
 
 def redirect_output(path: Path) -> None:
@@ -88,6 +89,13 @@ def start_heartbeat(paths: RunPaths, rank: int) -> Heartbeat:
     return Heartbeat(paths.rank_heartbeat(rank), rank, AUTO if setting == AUTO else float(setting)).start()
 
 
+def start_spec(written: JobSpec, environ) -> JobSpec:
+    """The spec this start's ranks train with: the run's, fitted to the nodes the driver started
+    them on (NODES_ENV, within slurm.nodes' range), or as written when it is not set."""
+    nodes = environ.get(NODES_ENV)
+    return fit_to_nodes(written, int(nodes)) if nodes else written
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
@@ -112,10 +120,12 @@ def main(argv: list[str] | None = None) -> int:
 
         heartbeat.progress(phase=Phase.NETWORK)
         join_network(os.environ, identity.rank)
-        spec = load_spec(paths.spec)
+        written = load_spec(paths.spec)
+        spec = start_spec(written, os.environ)
         data_root = shard_root(spec, paths, identity, heartbeat)
         heartbeat.progress(phase=Phase.BUILDING)
-        trainer = Trainer(spec, paths, identity, stop, heartbeat, data_root=data_root)
+        trainer = Trainer(spec, paths, identity, stop, heartbeat, data_root=data_root,
+                          written=written)
         try:
             trainer.fit()
         except StopForRequeue as stop_reason:

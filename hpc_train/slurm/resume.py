@@ -10,8 +10,9 @@ running the installed package.
 One writer per run directory: a run whose job Slurm still holds (pending, running, requeued)
 is refused, since a second job would train into the same checkpoints and logs.
 
-Another world size is a change of spec like any other (`--allow-spec-change`); the ranks go on
-from the checkpoint's position in samples. `resume` says what it does to the global batch, and
+Another world size is a change of spec like any other (`--allow-spec-change`), but for another
+node count within slurm.nodes' range (which the job may start on anyway); the ranks go on from
+the checkpoint's position in samples. `resume` says what it does to the global batch, and
 keeps it where `parallel.keep_global_batch` asks (spec/global_batch.py).
 """
 
@@ -28,7 +29,7 @@ from hpc_train.slurm.run_code import CODE_KEEP
 from hpc_train.slurm.submit import Submission, submit
 from hpc_train.spec import JobSpec, dump_spec_yaml, load_spec, spec_hash, spec_to_dict
 from hpc_train.spec.diff import changed_keys
-from hpc_train.spec.global_batch import GlobalBatch, describe_change, keeping
+from hpc_train.spec.global_batch import GlobalBatch, describe_change, keeping, refits
 
 
 def resume_run(run_dir: str | Path, overrides: list[str], allow_spec_change: bool,
@@ -45,8 +46,9 @@ def resume_run(run_dir: str | Path, overrides: list[str], allow_spec_change: boo
 
 def prepare_resume(paths: RunPaths, overrides: list[str], allow_spec_change: bool) -> JobSpec:
     """The spec to submit `paths` again with: refused while its job is active; a spec changed by
-    `overrides` needs `allow_spec_change`, and is then saved with its record of consent. A sweep
-    member is resubmitted this way too, in an array of its own (slurm/array.py)."""
+    `overrides` needs `allow_spec_change` (but another node count of its range: `refits`), and
+    is then saved with its record of consent. A sweep member is resubmitted this way too, in an
+    array of its own (slurm/array.py)."""
     if not paths.spec.is_file():
         raise SpecError(f"{paths.root} is not a run directory: it has no {paths.spec.name}")
     refuse_if_active(paths)
@@ -59,7 +61,7 @@ def prepare_resume(paths: RunPaths, overrides: list[str], allow_spec_change: boo
         print(f"resume: {change}", file=sys.stderr)
     changed = changed_keys(spec_to_dict(saved), spec_to_dict(spec))
     if changed:
-        if not allow_spec_change:
+        if not allow_spec_change and not refits(saved, spec):
             raise SpecError(f"--set changes {', '.join(changed)} of {paths.root}; the checkpoints "
                             "were made under the old values. Fix: add --allow-spec-change to accept")
         # The ranks accept a checkpoint of another spec only with this consent, so it is written

@@ -26,12 +26,16 @@ class ScriptParts:
 
 
 def run_options(spec: JobSpec, output: str) -> Options:
-    """A run's sbatch options: its resources, nodes x ranks, the stop signal and requeue."""
+    """A run's sbatch options: its resources, nodes x ranks (a range MIN-MAX as Slurm's own,
+    spares on both ends), the stop signal and requeue."""
     s = spec.slurm
     options = sbatch_options(s, JobShape(spec.run.name, output, s.nodes + s.spare_nodes,
                                          s.tasks_per_node, s.signal_seconds))
-    # The spares only help if a node's death does not end the allocation.
-    return {**options, "no-kill": True} if s.spare_nodes else options
+    ranged = s.fewest_nodes < s.nodes
+    if ranged:
+        options["nodes"] = f"{s.fewest_nodes + s.spare_nodes}-{s.nodes + s.spare_nodes}"
+    # Spares and a range only help if a node's death does not end the allocation.
+    return {**options, "no-kill": True} if s.spare_nodes or ranged else options
 
 
 def code_assignments(code: Path) -> str:

@@ -5,11 +5,13 @@ on exactly; what changes is the samples per step (`JobSpec.samples_per_step`: pe
 x replicas x accumulation) and with it the peak LR (the linear rule, `schema.scale_lr`).
 `parallel.keep_global_batch` keeps the last checkpoint's samples per step by changing
 `parallel.accumulation`, which works where the new replicas x data.batch_size divides it.
+A job with a node range (spec/node_range.py) trains each start at its node count the same way
+(`fit_to_nodes`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from hpc_train.parallel.layout import Parallelism
 from hpc_train.spec.problems import Problem, SpecInvalid
@@ -43,6 +45,34 @@ def kept_accumulation(spec: JobSpec, last: GlobalBatch) -> int:
            f"or set {KEY}=false (then {per_pass * spec.parallel.accumulation} samples per step, "
            "the peak LR scaled by the linear rule)")
     raise SpecInvalid([Problem(KEY, f"true with {spec.world_size} rank(s)", rule, fix)])
+
+
+def fit_to_nodes(spec: JobSpec, nodes: int) -> JobSpec:
+    """The spec the ranks train with on `nodes` nodes of its range: slurm.nodes `nodes` (the
+    range's fewest kept), and under parallel.keep_global_batch the accumulation that keeps the
+    written spec's samples per step. Raises SpecInvalid outside the range, or where no
+    accumulation keeps them (the submit-time rules of node_range.py refuse such a range)."""
+    s = spec.slurm
+    if nodes == s.nodes:
+        return spec
+    if not s.fewest_nodes <= nodes <= s.nodes:
+        raise SpecInvalid([Problem("slurm.nodes", f"{s.fewest_nodes}-{s.nodes}",
+                                   f"a start on {nodes} node(s) is outside the range",
+                                   f"start the ranks on {s.fewest_nodes} to {s.nodes} nodes")])
+    fitted = replace(spec, slurm=replace(s, nodes=nodes))
+    if not spec.parallel.keep_global_batch:
+        return fitted
+    accumulation = kept_accumulation(fitted, GlobalBatch(spec.world_size, spec.samples_per_step))
+    return replace(fitted, parallel=replace(fitted.parallel, accumulation=accumulation))
+
+
+def refits(written: JobSpec, spec: JobSpec) -> bool:
+    """Whether `spec` is `written` fitted to another node count of its range: a change the range
+    permits without consent (`resume --set slurm.nodes=N`, N within it)."""
+    try:
+        return spec == fit_to_nodes(written, spec.slurm.nodes)
+    except SpecInvalid:             # outside the range, or no accumulation keeps the batch
+        return False
 
 
 def keeping(spec: JobSpec, last: GlobalBatch) -> list[str]:

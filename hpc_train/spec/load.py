@@ -1,6 +1,7 @@
 """YAML file (+ --set overrides) -> JobSpec, strictly: every problem found, all reported at once.
 
-Order: read the file -> apply overrides -> move deprecated keys (deprecated.py) -> walk the
+Order: read the file -> apply overrides -> move deprecated keys (deprecated.py) -> read a node
+range `slurm.nodes: MIN-MAX` as its two numbers (node_range.py) -> walk the
 schema dataclasses (unknown keys, types, ranges, single-value rules; model.options against the
 model's entry in the catalog) -> cross-field rules (rules.py). Field problems stop before the
 cross-field rules, which need a complete spec.
@@ -15,6 +16,7 @@ from typing import Any, Iterable, get_type_hints
 
 from hpc_train.spec.coerce import INVALID, coerce
 from hpc_train.spec.deprecated import move_deprecated_keys, name_written_keys
+from hpc_train.spec.node_range import split_node_range
 from hpc_train.spec.overrides import apply_overrides, mark_overridden
 from hpc_train.spec.problems import Problem, SpecInvalid, dotted, show, value_problem
 from hpc_train.spec.rules import check_spec
@@ -145,6 +147,8 @@ def build_spec(data: dict, overrides: Iterable[str] = ()) -> tuple[JobSpec | Non
     """(spec or None, errors, warnings) from raw YAML data and KEY=VALUE overrides."""
     merged, keys, problems = apply_overrides(data, overrides)
     merged, moved, deprecations = move_deprecated_keys(merged)
+    merged, wrong_range = split_node_range(merged)
+    problems += wrong_range
     spec = build_dataclass(JobSpec, merged, "", problems)
     problems = name_written_keys(mark_overridden(problems, keys), moved)
     if problems or spec is INVALID:

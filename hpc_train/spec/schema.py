@@ -98,7 +98,12 @@ class Resources:
 @dataclass(frozen=True)
 class SlurmSpec(Resources):
     """A job spec's `slurm:`: the resources, the job's shape and its stop signal."""
-    nodes: int = spec_field(1, doc="number of nodes", ge=1)
+    nodes: int = spec_field(1, doc="number of nodes; Slurm's MIN-MAX (1-2) is a range: the job "
+                            "starts on what Slurm gives within it and goes on with the nodes left "
+                            "when one dies (sbatch --no-kill)", ge=1)
+    min_nodes: Optional[int] = spec_field(
+        None, doc="the fewest nodes the job may train on; None = exactly slurm.nodes. Written "
+        "as the range slurm.nodes: MIN-MAX (spec/node_range.py)", ge=1, example=1)
     tasks_per_node: int = spec_field(1, doc="ranks per node (one per GPU on GPU jobs)", ge=1)
     spare_nodes: int = spec_field(
         0, doc="hot spares: nodes asked for beyond slurm.nodes and kept idle; when a node of the "
@@ -107,6 +112,11 @@ class SlurmSpec(Resources):
     # Slurm delivers the signal with up to a minute of slack; 65535 is Slurm's own maximum.
     signal_seconds: int = spec_field(120, doc="seconds before the limit that USR2 is sent",
                                      ge=1, le=65535)
+
+    @property
+    def fewest_nodes(self) -> int:
+        """The fewest nodes the job trains on: min_nodes, or nodes without a range."""
+        return self.nodes if self.min_nodes is None else self.min_nodes
 
 
 @dataclass(frozen=True)

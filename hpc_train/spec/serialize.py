@@ -10,6 +10,7 @@ import dataclasses
 import hashlib
 import json
 
+from hpc_train.spec.node_range import spelled
 from hpc_train.spec.schema import JobSpec
 from hpc_train.spec.yaml_io import dump_yaml
 
@@ -38,6 +39,9 @@ def describe_spec(spec: JobSpec) -> str:
     """A short human summary: what `validate` prints on success."""
     slurm, gpus = spec.slurm, f"{spec.slurm.gpus_per_node} GPU(s)/node" if spec.uses_gpu else "CPU"
     pipe = spec.parallel.pipeline
+    nodes, world = spelled(spec), spec.world_size
+    if slurm.fewest_nodes < slurm.nodes:   # a range: the ranks of its fewest to its most nodes
+        world = f"{slurm.fewest_nodes * slurm.tasks_per_node}-{world}"
     if spec.uses_pipeline:
         batch = (f"samples/step: {spec.samples_per_step} = {spec.data.batch_size} per replica x "
                  f"{spec.replicas} replica(s) x {spec.parallel.accumulation} accumulation",
@@ -49,8 +53,7 @@ def describe_spec(spec: JobSpec) -> str:
                  f"{spec.world_size} rank(s) x {spec.parallel.accumulation} accumulation",)
     return "\n".join([
         f"run:          {spec.run.name}",
-        f"world size:   {spec.world_size} = {slurm.nodes} node(s) x {slurm.tasks_per_node} "
-        f"task(s) ({gpus})",
+        f"world size:   {world} = {nodes} node(s) x {slurm.tasks_per_node} task(s) ({gpus})",
         *batch,
         f"scaled LR:    {spec.scaled_lr:g} (base {spec.optim.base_lr:g} per 256 samples)",
         f"precision:    {spec.precision.mode}",

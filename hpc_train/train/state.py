@@ -5,7 +5,8 @@ parts name theirs, and `CheckpointedState` says where each one lives on disk:
 
 - replicated (rank 0 writes `replicated.pt`): the same on every rank (weights, optimizer, loss
   scaler, the position in samples, the data the sampler orders); the checkpointing adds the
-  resolved spec. The LR follows from the position and the spec.
+  run's resolved spec (as spec.yaml holds it, at any node count of a range). The LR follows
+  from the position and the spec.
 - per rank (`rank-NNNNN.pt`): RNG streams, BatchNorm buffers (they differ per rank under Horovod);
   absent after a world-size change, when components that can derive a fresh state do so.
 - named files (`stage-NNNNN.pt`): a pipeline stage's weights and optimizer, written by replica 0

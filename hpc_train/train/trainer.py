@@ -128,10 +128,12 @@ def throughput(spec, steps: int, elapsed: float) -> dict[str, float]:
 class Trainer:
     """The training loop of every job; the parts of its layout (`parts_for`, a `TrainingParts`)
     provide the model, its step, evaluation and their checkpoint components. data_root: a
-    node-local copy of the shards to read instead of data.path."""
+    node-local copy of the shards to read instead of data.path. written: the run's spec when
+    `spec` is its fitting to this start's nodes (spec/global_batch.fit_to_nodes): checkpoints
+    record it and are checked against it, so a start on other nodes of the range is no change."""
 
     def __init__(self, spec, paths: RunPaths, identity: RankInfo, stop: StopFlag | None = None,
-                 heartbeat=None, data_root=None, clock=None):
+                 heartbeat=None, data_root=None, clock=None, written=None):
         self.spec, self.paths, self.identity = spec, paths, identity
         self.heartbeat = heartbeat or NoHeartbeat()
         # Marks each step's parts: training's gives the heartbeat its medians (stragglers),
@@ -163,8 +165,8 @@ class Trainer:
             gamma=spec.optim.step_gamma)
         self.progress = Progress(spec.samples_per_step, identity.size, self._position_of_step)
         self.ledger = SampleLedger(identity.rank, first=self.place.stage == 0)
-        self.checkpoints = Checkpointing(self._checkpointed(), self.progress, spec, paths, identity,
-                                         self.backend, self.heartbeat, stop)
+        self.checkpoints = Checkpointing(self._checkpointed(), self.progress, written or spec,
+                                         paths, identity, self.backend, self.heartbeat, stop)
         self.tensorboard: TensorBoardLog | None = None
 
     def _checkpointed(self) -> CheckpointedState:

@@ -173,6 +173,20 @@ def test_hot_spares_are_asked_for_with_no_kill():
     assert (options["nodes"], options["no-kill"]) == ("3", True)
 
 
+def test_a_node_range_is_asked_for_as_slurms_own_with_no_kill():
+    assert run_options(smoke("slurm.nodes=2-2"), "o")["nodes"] == "2"     # one count: no range
+    assert "no-kill" not in run_options(smoke("slurm.nodes=2-2"), "o")
+    options = run_options(smoke("slurm.nodes=1-2"), "o")
+    assert (options["nodes"], options["no-kill"]) == ("1-2", True)
+    assert run_options(smoke("slurm.nodes=1-2", "slurm.spare_nodes=1"), "o")["nodes"] == "2-3"
+    spec = smoke("slurm.nodes=1-2")
+    rendered = render_script(spec, RunPaths(ODD_RUN_DIR), PYTHON).splitlines()
+    submitted = planned_script(spec, ODD_RUN_DIR, PYTHON).splitlines()
+    for text in (rendered, submitted):
+        assert "#SBATCH --nodes=1-2" in text and "#SBATCH --no-kill" in text
+        assert not any(line.startswith("#SBATCH --nodes=2") for line in text)
+
+
 def test_site_template_placeholders_and_bash_braces():
     template = ("#!/bin/bash\n{sbatch_directives}\n{setup}\nf() { :; }\necho ${HOME} ${job_name} {a,b} "
                 "{job_name}\nawk '{ print }' /dev/null\n{driver_command}\n")

@@ -16,6 +16,7 @@ from hpc_train.parallel.layout import Parallelism, ParallelLayout
 from hpc_train.rundir import RunPaths
 from hpc_train.runtime.heartbeat import Phase
 from hpc_train.spec import spec_from_dict
+from hpc_train.spec.global_batch import fit_to_nodes
 from hpc_train.train import trainer
 from hpc_train.train.checkpointing import Checkpointing
 from hpc_train.train.parts import Collectives, TrainingParts
@@ -188,3 +189,32 @@ def test_a_step_based_checkpoint_resumes_at_its_own_world_size_only(tmp_path):
     meta.write_text(meta.read_text().replace('"world_size": 1', '"world_size": 2'))
     with pytest.raises(CheckpointMismatch, match="resumes only on its own 2 ranks, not 1"):
         checkpointing(Progress(64, 1, None)).resume()
+
+
+def test_a_start_on_other_nodes_of_the_range_loads_the_checkpoint_without_consent(monkeypatch,
+                                                                                   tmp_path):
+    """The ranks train with the spec fitted to their start's nodes; checkpoints record the
+    run's written spec, so the next start on another node count of the range loads them."""
+    monkeypatch.setattr(trainer, "parts_for", lambda layout: lambda *args: OneLayer())
+    monkeypatch.setattr(torch, "set_num_threads", lambda threads: None)
+    written = spec_from_dict({
+        "run": {"name": "t"}, "slurm": {"nodes": "1-2"},
+        "data": {"kind": "synthetic", "train_samples": 256, "val_samples": 0, "image_size": 8,
+                 "workers": 0}, "model": {"name": "resnet_tiny"},
+        "parallel": {"keep_global_batch": True}, "checkpoint": {"write": "sync"}})
+    shrunk, paths = fit_to_nodes(written, 1), RunPaths(tmp_path)
+
+    def start(spec, **kwargs):
+        return trainer.Trainer(spec, paths, RankInfo(), heartbeat=Beats(), **kwargs)
+
+    on_one = start(shrunk, written=written)
+    on_one.progress.advance()
+    on_one.checkpoints.save("periodic")
+    again = start(written)
+    assert again.checkpoints.resume() and again.progress.step == 1
+    # A checkpoint that recorded the fitted spec would have needed `resume --allow-spec-change`.
+    recorded_fitted = start(shrunk)
+    recorded_fitted.progress.step = 2
+    recorded_fitted.checkpoints.save("periodic")
+    with pytest.raises(CheckpointMismatch, match="parallel.accumulation, slurm.nodes"):
+        start(written).checkpoints.resume()
