@@ -52,13 +52,15 @@ class SlurmCluster:
         return job_id
 
     def wait_state(self, job_id: str, states: set[str], timeout: float = 120) -> str:
-        """Poll sacct until the job reaches one of `states`; return the state."""
+        """Poll sacct until the job's latest record reaches one of `states`; return the state.
+        A job that lost a node under --no-kill has two: RESIZING (all its nodes), then its own."""
         deadline = time.monotonic() + timeout
         state = ""
         while time.monotonic() < deadline:
             out = subprocess.run(["sacct", "-n", "-X", "-P", "-j", job_id, "-o", "State"],
                                  capture_output=True, text=True, timeout=20, env=self.env).stdout.split()
-            state = out[0] if out else ""
+            # The last row: a requeued job's latest run, a shrunk job's record after its resize.
+            state = out[-1] if out else ""
             if state in states:
                 return state
             time.sleep(1)

@@ -43,6 +43,9 @@ class Usage:
 
 
 REQUEUE, RESUME, IN_JOB = "requeue", "resume", "in job"     # Restart.kind
+# sacct's record of a job before Slurm took a node out of it (--no-kill): the job goes on in
+# the next record, under the same id.
+RESIZED = "RESIZING"
 
 
 @dataclass(frozen=True)
@@ -148,12 +151,14 @@ def step_seconds(metrics: list[dict]) -> float | None:
 
 
 def restarts(windows: list[Window], events: list[dict], metrics: list[dict]) -> list[Restart]:
-    """One Restart per window after the first, and one per restart of the ranks inside a
-    window, in time order."""
+    """One Restart per window after the first (but the record after a resize), and one per
+    restart of the ranks inside a window, in time order."""
     steps, per_step = _steps(events, metrics), step_seconds(metrics)
     found = []
     for k in range(1, len(windows)):
         before, window = windows[k - 1], windows[k]
+        if before.state == RESIZED and before.job_id == window.job_id:
+            continue        # the same job, shrunk (a node lost under --no-kill): no restart
         until = windows[k + 1].start if k + 1 < len(windows) else float("inf")
         stopped = before.end if before.end is not None else window.start
         found.append(_gap(k - 1, stopped, (window.start, until), events, steps, per_step,

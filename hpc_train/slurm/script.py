@@ -34,6 +34,10 @@ def run_options(spec: JobSpec, output: str) -> Options:
     ranged = s.fewest_nodes < s.nodes
     if ranged:
         options["nodes"] = f"{s.fewest_nodes + s.spare_nodes}-{s.nodes + s.spare_nodes}"
+        # Asked for a range alone, Slurm (22.05, cons_tres, nodes shared) starts the job on its
+        # fewest nodes, however many are idle: the tasks of every node make it start on the
+        # most. The range stays what a job may shrink to when nodes die under it (--no-kill).
+        options["ntasks"] = str((s.nodes + s.spare_nodes) * s.tasks_per_node)
     # Spares and a range only help if a node's death does not end the allocation.
     return {**options, "no-kill": True} if s.spare_nodes or ranged else options
 

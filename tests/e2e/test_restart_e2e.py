@@ -3,11 +3,12 @@
 - by default (launch.restarts_in_job: 2) the driver starts the ranks again inside the same job
   from the last checkpoint: sacct shows one segment, nothing is requeued, and the run ends
   bit-identical to the uninterrupted one;
+- the same under srun --mpi=pmix (Slurm starts the ranks; srun ends the step at the kill);
 - with launch.restarts_in_job=0 the same kill goes through a requeue (retries_on_failure: 1)
   and ends bit-identical too.
 
 The time from the kill to training again is printed for each (pytest -s) for docs/benchmarks.md.
-The three jobs are submitted at once; the single node runs two at a time.
+The four jobs are submitted at once; the single node runs two at a time.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ def _kill_rank_1(job_id: str, paths) -> dict:
 def jobs(slurm_cluster, tmp_path_factory):
     root = tmp_path_factory.mktemp("restart")
     plan = {"killed-in-job": ([*WATCH], _kill_rank_1),
+            "killed-in-job-srun": ([*WATCH, "launch.method=srun"], _kill_rank_1),
             "killed-requeued": ([*WATCH, "launch.restarts_in_job=0"], _kill_rank_1),
             "straight": (WATCH, None)}
     submitted = {}
@@ -68,7 +70,8 @@ def _segments(job_id: str) -> list[str]:
                           capture_output=True, text=True, timeout=30).stdout.split()
 
 
-@pytest.mark.parametrize("name, restarts_in_job", [("killed-in-job", 1), ("killed-requeued", 0)])
+@pytest.mark.parametrize("name, restarts_in_job", [("killed-in-job", 1), ("killed-in-job-srun", 1),
+                                                   ("killed-requeued", 0)])
 def test_a_killed_rank_resumes_from_its_checkpoint_and_ends_bit_identical(name, restarts_in_job,
                                                                           jobs, slurm_cluster):
     job_id, paths, acted = jobs[name]

@@ -167,6 +167,22 @@ def test_restarts_inside_a_job_are_one_segment_and_lose_no_queue_wait():
     assert (requeue.kind, requeue.wait, requeue.startup) == ("requeue", 30, 10)
 
 
+def test_a_job_resized_by_slurm_after_a_node_died_is_not_a_requeue():
+    # sacct after a node crash under --no-kill (recorded on the 3-node cluster): the job before
+    # Slurm took the node out (RESIZING, 3 CPUs) and the same job after it; the ranks had
+    # restarted in the job on the spare before that.
+    events = [_event(100, "started", job_id="60", launch=0), _event(103, "training_started", global_batch=64),
+              _event(110, "checkpoint_saved", step=20, seconds=0.1),
+              _event(112, "node_lost", nodes=["hpcn2"]), _event(112, "restarted", cause="node_failure"),
+              _event(112.1, "started", job_id="60", launch=1), _event(114, "resumed", step=20),
+              _event(177, "finished", status="completed")]
+    windows = [efficiency.Window("60", 100, 131, "RESIZING", 3, 0),
+               efficiency.Window("60", 131, 177, "COMPLETED", 2, 0)]
+    metrics = [{"time": 111, "step": 20, "step_time": 0.1}]
+    [restart] = efficiency.restarts(windows, events, metrics)
+    assert (restart.kind, restart.cause) == ("in job", "node_failure")
+
+
 def test_report_counts_the_restarts_in_the_job_by_cause(tmp_path, capsys):
     paths = RunPaths.new(tmp_path, "restarted")
     for event in [_event(100, "started", launch=0), _event(110, "training_started", global_batch=8),

@@ -173,12 +173,16 @@ def test_hot_spares_are_asked_for_with_no_kill():
     assert (options["nodes"], options["no-kill"]) == ("3", True)
 
 
-def test_a_node_range_is_asked_for_as_slurms_own_with_no_kill():
+def test_a_node_range_is_asked_for_as_slurms_own_with_no_kill_starting_on_the_most():
     assert run_options(smoke("slurm.nodes=2-2"), "o")["nodes"] == "2"     # one count: no range
     assert "no-kill" not in run_options(smoke("slurm.nodes=2-2"), "o")
     options = run_options(smoke("slurm.nodes=1-2"), "o")
     assert (options["nodes"], options["no-kill"]) == ("1-2", True)
-    assert run_options(smoke("slurm.nodes=1-2", "slurm.spare_nodes=1"), "o")["nodes"] == "2-3"
+    # every node's tasks: Slurm would otherwise start the job on 1 node however many are idle
+    assert (options["ntasks"], options["ntasks-per-node"]) == ("4", "2")
+    spares = run_options(smoke("slurm.nodes=1-2", "slurm.spare_nodes=1"), "o")
+    assert (spares["nodes"], spares["ntasks"]) == ("2-3", "6")
+    assert "ntasks" not in run_options(smoke("slurm.nodes=2", "slurm.spare_nodes=1"), "o")
     spec = smoke("slurm.nodes=1-2")
     rendered = render_script(spec, RunPaths(ODD_RUN_DIR), PYTHON).splitlines()
     submitted = planned_script(spec, ODD_RUN_DIR, PYTHON).splitlines()
