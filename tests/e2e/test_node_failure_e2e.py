@@ -113,7 +113,11 @@ def test_a_dead_node_is_left_behind_and_the_job_completes_exactly(runs, name, sl
         assert after["hosts"] == [first[0]] and after["ranks"] == 1
         assert events(paths, "training_started")[-1]["world_size"] == 1
     else:
-        assert run["segments"] == ["REQUEUED", "COMPLETED"], run["segments"]
+        # Slurm's own record of the requeue varies: the first run's record (REQUEUED) is
+        # missing when the job was requeued while a node of it was not responding (seen here);
+        # the restart count in the events is Slurm's SLURM_RESTART_COUNT.
+        assert run["segments"][-1] == "COMPLETED", run["segments"]
+        assert set(run["segments"][:-1]) <= {"REQUEUED"}, run["segments"]
         assert [e["cause"] for e in events(paths, "requeued")] == ["node_failure"]
         assert sorted(after["hosts"]) == sorted([first[0], third]) and after["restart"] == 1
         assert state.retries == {"node_failure": 1}
