@@ -1,0 +1,82 @@
+"""A model and its optimizer saved by every rank in parallel through torch.distributed.checkpoint.
+
+DCP writes each rank's shards to its own files plus one `.metadata` (by rank 0, after every rank
+has written), and reads them back at any world size: a load plans which saved pieces make each
+of this rank's tensors, so a checkpoint saved at 2 ranks loads at 1 or 4. It runs inside our
+save protocol (checkpoint/manager.py): the files go to the `sharded/` subdirectory of the step's
+temporary directory before this rank's own file (which says "this rank is done"), and the
+COMPLETE marker comes after every rank's. DCP's FileSystemWriter fsyncs what it writes.
+
+The same class reads both ways across the replicated format (DDP, Horovod: the whole model and
+optimizer in `replicated.pt`): a replicated checkpoint loads into a sharded model (the full state
+is sharded on load), and a replicated job reads a sharded checkpoint into its whole model.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from hpc_train.errors import CheckpointMismatch
+
+
+class ShardedModelState:
+    """`model` and `optimizer` as one DCP checkpoint. `writes`: whether this job saves them so
+    (a sharded job); a replicated job keeps its replicated save and only reads sharded ones."""
+
+    names = ("model", "optimizer")   # what a replicated checkpoint calls them
+
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, writes: bool = True):
+        self.model, self.optimizer, self.writes = model, optimizer, writes
+
+    def _state(self) -> dict[str, Any]:
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        model, optimizer = get_state_dict(self.model, self.optimizer)
+        return {"model": model, "optimizer": optimizer}
+
+    def _put(self, state: dict[str, Any], full: bool = False) -> None:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+
+        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"],
+                       optim_state_dict=state["optimizer"],
+                       options=StateDictOptions(full_state_dict=full))
+
+    def save(self, directory: Path) -> None:
+        """Every rank, at the same step (a collective): its shards, then rank 0 the metadata."""
+        import torch.distributed.checkpoint as dcp
+
+        dcp.save(self._state(), checkpoint_id=str(directory))
+
+    def load(self, directory: Path) -> None:
+        """Every rank (a collective): the pieces of its own tensors, at any saved world size."""
+        import torch.distributed.checkpoint as dcp
+
+        state = self._state()
+        dcp.load(state, checkpoint_id=str(directory))
+        self._put(state)
+
+    def load_replicated(self, replicated: dict[str, Any]) -> None:
+        """A replicated checkpoint's whole model and optimizer (every rank read them), sharded
+        as this model is; the optimizer's parameter numbers become names first."""
+        if not all(name in replicated for name in self.names):
+            raise CheckpointMismatch(
+                "the checkpoint holds neither a sharded part nor a whole model and optimizer (a "
+                "pipeline checkpoint?): resume it with the parallel settings it was saved with")
+        optimizer = by_parameter_names(replicated["optimizer"], self.model, self.optimizer)
+        self._put({"model": replicated["model"], "optimizer": optimizer}, full=True)
+
+
+def by_parameter_names(saved: dict[str, Any], model: torch.nn.Module,
+                       optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """`optimizer.state_dict()` of a replicated job (parameters numbered in the order of its
+    param groups) keyed by parameter names instead, as DCP's state dicts are. The saving job
+    built the same groups of the same model, so number i is this optimizer's i-th parameter."""
+    name_of = {id(param): name for name, param in model.named_parameters()}
+    order = [name_of[id(param)] for group in optimizer.param_groups for param in group["params"]]
+    rename = dict(enumerate(order))
+    groups = [{**group, "params": [rename[i] for i in group["params"]]}
+              for group in saved["param_groups"]]
+    return {"state": {rename[i]: state for i, state in saved["state"].items()}, "param_groups": groups}
