@@ -69,6 +69,20 @@ class ShardedModelState:
         self._put({"model": replicated["model"], "optimizer": optimizer}, full=True)
 
 
+def whole_state(directory: Path) -> dict[str, Any]:
+    """A sharded checkpoint's whole state ({"model": ..., "optimizer": ...}) in one process,
+    without a process group: for `evaluate` and `export`. DCP's own converter writes a
+    torch.save file; it goes to a temporary directory beside nothing else and is read back."""
+    import tempfile
+
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    with tempfile.TemporaryDirectory(prefix="hpc-train-dcp-") as scratch:
+        whole = Path(scratch) / "whole.pt"
+        dcp_to_torch_save(str(directory), str(whole))
+        return torch.load(whole, map_location="cpu", weights_only=True)
+
+
 def by_parameter_names(saved: dict[str, Any], model: torch.nn.Module,
                        optimizer: torch.optim.Optimizer) -> dict[str, Any]:
     """`optimizer.state_dict()` of a replicated job (parameters numbered in the order of its

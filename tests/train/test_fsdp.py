@@ -21,7 +21,7 @@ from hpc_train.slurm.resume import prepare_resume
 from hpc_train.spec import load_spec
 from tests.conftest import REPO
 from tests.ledger import assert_every_sample_once_in_order, read_ledger
-from tests.runs import drive, events, local_run, rank_results, train_losses
+from tests.runs import cli, drive, events, local_run, rank_results, train_losses
 
 pytestmark = [pytest.mark.mpi, pytest.mark.slow]
 
@@ -72,6 +72,24 @@ def test_fsdp_trains_as_ddp_does(straight):
     assert len(list((final / layout.SHARDED).glob("*.distcp"))) == 2
     finished = events(straight["fsdp"], "rank_finished")
     assert len({e["params_sha256"] for e in finished}) == 1       # the gathered weights agree
+
+
+def test_evaluate_and_export_read_the_sharded_checkpoint(straight, tmp_path):
+    import torch
+
+    from hpc_train.models import build_model
+    from hpc_train.train.trainer import parameters_digest
+
+    paths = straight["fsdp"]
+    evaluated = cli("evaluate", str(paths.root))
+    assert evaluated.returncode == 0, evaluated.stderr
+    assert (paths.root / f"eval-val-{TOTAL}.json").is_file()
+    exported = cli("export", str(paths.root), "-o", str(tmp_path / "model.pt"))
+    assert exported.returncode == 0, exported.stderr
+    model = build_model("resnet_tiny", 10)
+    model.load_state_dict(torch.load(tmp_path / "model.pt", weights_only=True)["state_dict"])
+    (digest,) = {e["params_sha256"] for e in events(paths, "rank_finished")}
+    assert parameters_digest(model) == digest       # the weights training ended with
 
 
 def test_the_gpt_spec_trains_as_ddp_does(tmp_path):
