@@ -20,13 +20,13 @@ from hpc_train.parallel.data_parallel import TorchCollectives, init_torch_distri
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-def policy_dtypes(param_dtype: str | None, reduce_dtype: str | None,
-                  precision_mode: str) -> tuple[torch.dtype | None, torch.dtype | None]:
-    """(parameter, reduction) dtypes of the mixed-precision policy (pure). Unset: parameters
-    gathered in the precision mode's dtype (None for fp32: kept as they are), gradients reduced
-    in fp32 (torchtitan's default: half-precision sums of many ranks lose bits)."""
-    params = _DTYPES[param_dtype] if param_dtype else (
-        None if precision_mode == "fp32" else _DTYPES[precision_mode])
+def policy_dtypes(param_dtype: str | None,
+                  reduce_dtype: str | None) -> tuple[torch.dtype | None, torch.dtype | None]:
+    """(parameter, reduction) dtypes of the mixed-precision policy (pure). Unset parameters stay
+    fp32 (autocast computes each op in precision.mode's dtype, and BatchNorm's fp32 running
+    statistics meet fp32 weights); unset reductions are fp32 (torchtitan's default: half-precision
+    sums over many ranks lose bits)."""
+    params = _DTYPES[param_dtype] if param_dtype else None
     reduce = _DTYPES[reduce_dtype] if reduce_dtype else (None if params is None else torch.float32)
     return params, reduce
 
@@ -47,13 +47,13 @@ class FsdpBackend(TorchCollectives):
         # Over the default process group that init_torch_distributed made (the same as DDP's).
         self.mesh = init_device_mesh(device.type, (identity.size,))
 
-    def shard(self, model: torch.nn.Module, units: Iterable[torch.nn.Module], settings,
-              precision_mode: str) -> torch.nn.Module:
+    def shard(self, model: torch.nn.Module, units: Iterable[torch.nn.Module],
+              settings) -> torch.nn.Module:
         """`fully_shard` each unit, then the root (which holds what no unit does); `settings`
         is the spec's parallel.fsdp. Returns the model, now an FSDPModule."""
         from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
-        params, reduce = policy_dtypes(settings.param_dtype, settings.reduce_dtype, precision_mode)
+        params, reduce = policy_dtypes(settings.param_dtype, settings.reduce_dtype)
         options = {"mesh": self.mesh, "reshard_after_forward": settings.reshard_after_forward,
                    "mp_policy": MixedPrecisionPolicy(param_dtype=params, reduce_dtype=reduce)}
         if settings.cpu_offload and self.device.type == "cuda":   # a CPU job's state is there already

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import fields
 
+from hpc_train.models.catalog import model as model_entry
 from hpc_train.spec.problems import Problem
 from hpc_train.spec.schema import FsdpSpec, JobSpec
 
@@ -48,6 +49,18 @@ def fp16_shards_need_scaling(spec: JobSpec) -> Iterator[Problem]:
                           f"parallel.fsdp.{name}: bf16")
 
 
+def half_parameters_without_batch_norm(spec: JobSpec) -> Iterator[Problem]:
+    """BatchNorm's running statistics are fp32 buffers, which FSDP does not cast: a half-precision
+    weight meets them in batch_norm and the first forward fails."""
+    dtype = spec.parallel.fsdp.param_dtype
+    if _fsdp(spec) and dtype not in (None, "fp32") and not model_entry(spec.model.name).block_list:
+        yield Problem("parallel.fsdp.param_dtype", f"{dtype!r} with model.name "
+                      f"{spec.model.name!r}", "the model's BatchNorm keeps fp32 running "
+                      "statistics, which half-precision weights cannot meet",
+                      "remove parallel.fsdp.param_dtype (precision.mode's autocast computes in "
+                      "half precision), or set it for gpt only")
+
+
 def fsdp_settings_unused(spec: JobSpec) -> Iterator[Problem]:
     settings = spec.parallel.fsdp
     changed = [f.name for f in fields(FsdpSpec) if getattr(settings, f.name) != f.default]
@@ -64,5 +77,6 @@ def offload_on_cpu(spec: JobSpec) -> Iterator[Problem]:
                       "remove it on CPU jobs")
 
 
-FSDP_ERROR_RULES = (fsdp_without_pipeline, fsdp_without_compression, fp16_shards_need_scaling)
+FSDP_ERROR_RULES = (fsdp_without_pipeline, fsdp_without_compression, fp16_shards_need_scaling,
+                    half_parameters_without_batch_norm)
 FSDP_WARNING_RULES = (fsdp_settings_unused, offload_on_cpu)

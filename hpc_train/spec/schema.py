@@ -286,10 +286,11 @@ class FsdpSpec:
         True, doc="free each block's gathered parameters after its forward and gather them "
         "again in backward (ZeRO-3's memory); false keeps them to backward (ZeRO-2's traffic)")
     param_dtype: Optional[Literal["fp32", "bf16", "fp16"]] = spec_field(
-        None, doc="dtype of the gathered parameters in forward and backward; null: the "
-        "precision.mode's (fp32 stays fp32, autocast casts per op)", example="bf16")
+        None, doc="dtype of the gathered parameters in forward and backward (half the "
+        "all-gather bytes); null: fp32, autocast computing in precision.mode's dtype. Not with "
+        "BatchNorm models (resnet*): their running statistics stay fp32", example="bf16")
     reduce_dtype: Optional[Literal["fp32", "bf16", "fp16"]] = spec_field(
-        None, doc="dtype of the gradient reduce-scatter; null: param_dtype's", example="fp32")
+        None, doc="dtype of the gradient reduce-scatter; null: fp32", example="bf16")
     cpu_offload: bool = spec_field(
         False, doc="keep the sharded parameters, gradients and optimizer state in host memory "
         "(the optimizer steps on the CPU); for GPU jobs whose state does not fit")

@@ -9,7 +9,10 @@ host memory (`HostSnapshot`; pinned for GPU tensors), the temporary directory is
 barrier), and training goes on while a background thread serialises and renames
 (`BackgroundWriter`, one write at a time). A stop for requeue and the end of training wait for
 the write (at most launch.stall_seconds) and meet at a barrier, so no rank exits before rank 0
-has written the marker. sync: the whole save blocks, as before.
+has written the marker. sync: the whole save blocks, as before. A sharded part (fsdp's model and
+optimizer, torch.distributed.checkpoint) is written by every rank in the training thread right
+after the temporary directory is made, in both modes: DCP's save is a collective, and no
+collective may run in the background thread.
 """
 
 from __future__ import annotations

@@ -60,7 +60,7 @@ class FsdpParts:
         model = build_job_model(spec).to(device)
         self.tokens = model_entry(spec.model.name).block_list
         self.model = self.backend.shard(model, shard_units(spec.model.name, model),
-                                        spec.parallel.fsdp, spec.precision.mode)
+                                        spec.parallel.fsdp)
         self.optimizer = build_optimizer(spec.optim, self.model.parameters(), lr=spec.scaled_lr)
         self.precision = Precision(spec.precision.mode, device, spec.precision.loss_scale,
                                    spec.precision.init_scale, sharded=True)

@@ -40,6 +40,9 @@ def test_fsdp_picks_its_parts_for_images_and_tokens(base):
      "parallel.compression: 'fp16' with parallel.backend 'fsdp' is not allowed"),
     (["parallel.fsdp.reduce_dtype=fp16"],
      "parallel.fsdp.reduce_dtype: 'fp16' with precision.mode 'fp32' is not allowed"),
+    (["precision.mode=bf16", "parallel.fsdp.param_dtype=bf16", "model.name=resnet_tiny",
+      "data.kind=synthetic"],
+     "parallel.fsdp.param_dtype: 'bf16' with model.name 'resnet_tiny' is not allowed"),
 ])
 def test_unsupported_combinations_are_refused_in_one_line(overrides, expected):
     errors, _ = problems("parallel.backend=fsdp", *overrides, base=GPT)
@@ -49,7 +52,7 @@ def test_unsupported_combinations_are_refused_in_one_line(overrides, expected):
 
 def test_fp16_shards_with_the_fp16_scaler_are_fine():
     assert problems("parallel.backend=fsdp", "precision.mode=fp16",
-                    "parallel.fsdp.param_dtype=fp16")[0] == []
+                    "parallel.fsdp.param_dtype=fp16", base=GPT)[0] == []
 
 
 @pytest.mark.parametrize("overrides, expected", [
@@ -68,11 +71,11 @@ def test_a_bad_dtype_names_the_choices():
         spec_from_dict({"run": {"name": "t"}}, ["parallel.fsdp.param_dtype=fp8"])
 
 
-@pytest.mark.parametrize("settings, mode, expected", [
-    ((None, None), "fp32", (None, None)),                         # fp32 untouched
-    ((None, None), "bf16", (torch.bfloat16, torch.float32)),      # the precision's, fp32 sums
-    (("bf16", "bf16"), "fp32", (torch.bfloat16, torch.bfloat16)),
-    ((None, "fp16"), "fp16", (torch.float16, torch.float16)),
+@pytest.mark.parametrize("settings, expected", [
+    ((None, None), (None, None)),                             # fp32 untouched; autocast computes
+    (("bf16", None), (torch.bfloat16, torch.float32)),        # half the gathers, fp32 sums
+    (("bf16", "bf16"), (torch.bfloat16, torch.bfloat16)),
+    ((None, "bf16"), (None, torch.bfloat16)),
 ])
-def test_the_policy_follows_the_settings_then_the_precision(settings, mode, expected):
-    assert policy_dtypes(*settings, mode) == expected
+def test_the_policy_follows_the_settings(settings, expected):
+    assert policy_dtypes(*settings) == expected

@@ -15,7 +15,7 @@ import pytest
 
 from hpc_train.checkpoint import layout
 from hpc_train.launch.local import free_port
-from hpc_train.rundir import RunPaths
+from hpc_train.rundir import RunPaths, read_jsonl
 from hpc_train.runtime.stop import STOP_EXIT
 from hpc_train.slurm.resume import prepare_resume
 from hpc_train.spec import load_spec
@@ -99,6 +99,19 @@ def test_the_gpt_spec_trains_as_ddp_does(tmp_path):
     assert len(ddp) == len(fsdp) == 3
     assert abs(fsdp[0] - ddp[0]) <= 1e-6
     assert max(abs(a - b) for a, b in zip(ddp, fsdp)) <= 1e-5    # with gradient clipping
+    # bf16 weights gathered, fp32 reductions, kept gathered to backward: close, not equal.
+    half = train_losses(run(tmp_path, "fsdp", *GPT, "precision.mode=bf16",
+                            "parallel.fsdp.param_dtype=bf16",
+                            "parallel.fsdp.reshard_after_forward=false", name="bf16",
+                            spec_file=spec))
+    assert max(abs(a - b) for a, b in zip(ddp, half)) <= 1e-2
+
+
+def test_fp16_scales_the_sharded_loss(straight, tmp_path):
+    paths = run(tmp_path, "fsdp", *SMOKE, "precision.mode=fp16", "optim.max_steps=3", name="fp16")
+    steps = [m for m in read_jsonl(paths.metrics) if m.get("split") is None]
+    assert abs(steps[0]["loss"] - train_losses(straight["ddp"])[0]) <= 1e-2
+    assert all(m["skipped_steps"] == 0 and m["loss_scale"] == 2.0 ** 16 for m in steps)
 
 
 @pytest.mark.parametrize("saved, resumed", [("ddp", "fsdp"), ("fsdp", "ddp")])

@@ -33,7 +33,7 @@ torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(FEATURES, 16), torch.nn.Tanh(), torch.nn.Linear(16, CLASSES))
 reference = copy.deepcopy(model)
 if sys.argv[1] == "fsdp":     # sharded before its optimizer is built, as FsdpParts does
-    model = backend.shard(model, [model[0], model[2]], FsdpSpec(), "fp32")
+    model = backend.shard(model, [model[0], model[2]], FsdpSpec())
 optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
 if sys.argv[1] != "fsdp":
     model, optimizer = backend.prepare(model, optimizer, accumulation=ACCUMULATION, compression="none")

@@ -22,7 +22,7 @@ backend = FsdpBackend(identity, torch.device("cpu"))
 torch.manual_seed(0)
 model = build_model("gpt", 256, {"layers": 4, "dim": 64, "heads": 4}, seq_len=64)
 total = sum(p.numel() for p in model.parameters())
-model = backend.shard(model, shard_units("gpt", model), FsdpSpec(), "fp32")
+model = backend.shard(model, shard_units("gpt", model), FsdpSpec())
 digest = hashlib.sha256()
 for name, tensor in full_parameters(model):
     digest.update(name.encode() + tensor.detach().contiguous().numpy().tobytes())
