@@ -21,7 +21,7 @@ from hpc_train.slurm.resume import prepare_resume
 from hpc_train.spec import load_spec
 from tests.conftest import REPO
 from tests.ledger import assert_every_sample_once_in_order, read_ledger
-from tests.runs import cli, drive, events, local_run, rank_results, train_losses
+from tests.runs import assert_identical, cli, drive, events, local_run, rank_results, train_losses
 
 pytestmark = [pytest.mark.mpi, pytest.mark.slow]
 
@@ -123,6 +123,28 @@ def test_ddp_and_fsdp_resume_each_others_checkpoints(saved, resumed, straight, t
     got = train_losses(copy)
     assert len(got) == TOTAL
     assert max(abs(a - b) for a, b in zip(expected, got)) <= 1e-4   # the same run, carried on
+
+
+def final_state(paths: RunPaths) -> tuple[dict, dict, list[dict]]:
+    """(whole model + optimizer from the shards, replicated.pt, each rank's own file) at TOTAL."""
+    import torch
+
+    from hpc_train.checkpoint.sharded import whole_state
+
+    directory = paths.checkpoints / layout.step_dir_name(TOTAL)
+    ranks = [torch.load(directory / layout.rank_file_name(r), weights_only=True) for r in (0, 1)]
+    return (whole_state(directory / layout.SHARDED),
+            torch.load(directory / layout.REPLICATED, weights_only=True), ranks)
+
+
+def test_a_stopped_run_resumed_on_its_ranks_ends_bit_identical(straight, tmp_path):
+    stopped = run(tmp_path, "fsdp", *SMOKE, name="fsdp-stopped", stop=True)
+    copy = resumed_copy(stopped, "again")
+    expected, got = final_state(straight["fsdp"]), final_state(copy)
+    assert_identical(expected[0], got[0], "sharded")        # model and optimizer, every shard
+    assert_identical(expected[1]["precision"], got[1]["precision"], "precision")
+    for rank in (0, 1):
+        assert_identical(expected[2][rank]["buffers"], got[2][rank]["buffers"], f"rank {rank}")
 
 
 def test_a_sharded_checkpoint_resumes_at_one_and_at_four_ranks(tmp_path):
