@@ -87,7 +87,7 @@ class SavedCheckpoint:
         return self._files.load_file(self.step, layout.rank_file_name(rank)).get("buffers")
 
     def model(self, rank: int | None = None) -> torch.nn.Module:
-        """The model with the saved weights (rank 0's buffers), or with `rank`'s buffers."""
+        """The model with the saved weights and rank 0's buffers, or `rank`'s."""
         spec = self.spec
         model = build_model(spec.model.name, spec.data.num_classes, spec.model.options)
         try:
@@ -97,7 +97,9 @@ class SavedCheckpoint:
             raise CheckpointError(f"{self.directory}: the weights do not fit model "
                                   f"{spec.model.name} of {self.paths.spec} ({' '.join(first)}); "
                                   "was spec.yaml changed after this checkpoint?") from None
-        buffers = self.buffers_of(rank) if rank else None
+        # Rank 0's own for None: an fsdp checkpoint's sharded part keeps one rank's buffers,
+        # DCP's choice (a replicated one's are rank 0's already).
+        buffers = self.buffers_of(rank or 0)
         if buffers:
             own = dict(model.named_buffers())
             for name, value in buffers.items():

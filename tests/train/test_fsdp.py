@@ -7,6 +7,7 @@ deterministic setting) and the GPT CPU spec at one stage; a few steps each.
 
 from __future__ import annotations
 
+import json
 import shutil
 import signal
 import subprocess
@@ -74,16 +75,24 @@ def test_fsdp_trains_as_ddp_does(straight):
     assert len({e["params_sha256"] for e in finished}) == 1       # the gathered weights agree
 
 
-def test_evaluate_and_export_read_the_sharded_checkpoint(straight, tmp_path):
+def test_evaluate_and_export_read_the_sharded_checkpoint(straight, mpirun_argv, python, tmp_path):
     import torch
 
     from hpc_train.models import build_model
     from hpc_train.train.trainer import parameters_digest
 
     paths = straight["fsdp"]
-    evaluated = cli("evaluate", str(paths.root))
+    evaluated = cli("evaluate", str(paths.root), "--json")
     assert evaluated.returncode == 0, evaluated.stderr
-    assert (paths.root / f"eval-val-{TOTAL}.json").is_file()
+    report = json.loads(evaluated.stdout)
+    (line,) = [m for m in read_jsonl(paths.metrics) if m.get("split") == "val" and m["step"] == TOTAL]
+    assert report["step"] == TOTAL and report["accuracy"] == line["accuracy"]
+    assert report["loss"] == pytest.approx(line["loss"], rel=1e-6)     # the trainer's validation
+    argv = [*mpirun_argv(2), "-x", "MASTER_ADDR=127.0.0.1", "-x", f"MASTER_PORT={free_port()}",
+            python, "-m", "hpc_train", "evaluate", str(paths.root), "--json"]
+    two = subprocess.run(argv, capture_output=True, text=True, timeout=180, cwd=REPO)
+    assert two.returncode == 0, two.stderr[-3000:]
+    assert json.loads(two.stdout)["loss"] == pytest.approx(report["loss"], rel=1e-12)
     exported = cli("export", str(paths.root), "-o", str(tmp_path / "model.pt"))
     assert exported.returncode == 0, exported.stderr
     model = build_model("resnet_tiny", 10)
