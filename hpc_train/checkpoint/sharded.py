@@ -9,7 +9,9 @@ COMPLETE marker comes after every rank's. DCP's FileSystemWriter fsyncs what it 
 
 The same class reads both ways across the replicated format (DDP, Horovod: the whole model and
 optimizer in `replicated.pt`): a replicated checkpoint loads into a sharded model (the full state
-is sharded on load), and a replicated job reads a sharded checkpoint into its whole model.
+is sharded on load), and a replicated job reads a sharded checkpoint whole into its model. DCP
+names the optimizer's parameters by their model names, `optimizer.state_dict()` numbers them:
+`_renamed` turns one into the other.
 """
 
 from __future__ import annotations
@@ -51,9 +53,17 @@ class ShardedModelState:
         dcp.save(self._state(), checkpoint_id=str(directory))
 
     def load(self, directory: Path) -> None:
-        """Every rank (a collective): the pieces of its own tensors, at any saved world size."""
+        """Every rank: a sharded job (a collective) the pieces of its own tensors, at any saved
+        world size; a replicated job the whole state, read in this process alone (DCP's
+        state-dict helpers would step a fresh optimizer, Horovod's wrapper included)."""
         import torch.distributed.checkpoint as dcp
 
+        if not self.writes:
+            whole = whole_state(directory)
+            self.model.load_state_dict(whole["model"])
+            self.optimizer.load_state_dict(
+                _renamed(whole["optimizer"], {n: i for i, n in enumerate(self._order())}))
+            return
         state = self._state()
         dcp.load(state, checkpoint_id=str(directory))
         self._put(state)
@@ -65,14 +75,21 @@ class ShardedModelState:
             raise CheckpointMismatch(
                 "the checkpoint holds neither a sharded part nor a whole model and optimizer (a "
                 "pipeline checkpoint?): resume it with the parallel settings it was saved with")
-        optimizer = by_parameter_names(replicated["optimizer"], self.model, self.optimizer)
+        optimizer = _renamed(replicated["optimizer"], dict(enumerate(self._order())))
         self._put({"model": replicated["model"], "optimizer": optimizer}, full=True)
+
+    def _order(self) -> list[str]:
+        """The parameters' names in the order of the optimizer's groups: a replicated job's
+        `optimizer.state_dict()` numbers them so, DCP's names them. The saving job built the
+        same groups of the same model, so its number i is this optimizer's i-th parameter."""
+        name_of = {id(param): name for name, param in self.model.named_parameters()}
+        return [name_of[id(p)] for group in self.optimizer.param_groups for p in group["params"]]
 
 
 def whole_state(directory: Path) -> dict[str, Any]:
     """A sharded checkpoint's whole state ({"model": ..., "optimizer": ...}) in one process,
-    without a process group: for `evaluate` and `export`. DCP's own converter writes a
-    torch.save file; it goes to a temporary directory beside nothing else and is read back."""
+    without a process group: for a replicated job, `evaluate` and `export`. DCP's own converter
+    writes a torch.save file; it goes to a temporary directory and is read back."""
     import tempfile
 
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
@@ -83,14 +100,9 @@ def whole_state(directory: Path) -> dict[str, Any]:
         return torch.load(whole, map_location="cpu", weights_only=True)
 
 
-def by_parameter_names(saved: dict[str, Any], model: torch.nn.Module,
-                       optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-    """`optimizer.state_dict()` of a replicated job (parameters numbered in the order of its
-    param groups) keyed by parameter names instead, as DCP's state dicts are. The saving job
-    built the same groups of the same model, so number i is this optimizer's i-th parameter."""
-    name_of = {id(param): name for name, param in model.named_parameters()}
-    order = [name_of[id(param)] for group in optimizer.param_groups for param in group["params"]]
-    rename = dict(enumerate(order))
-    groups = [{**group, "params": [rename[i] for i in group["params"]]}
+def _renamed(saved: dict[str, Any], rename: dict) -> dict[str, Any]:
+    """An optimizer state dict with its parameter keys renamed (numbers <-> names)."""
+    groups = [{**group, "params": [rename[key] for key in group["params"]]}
               for group in saved["param_groups"]]
-    return {"state": {rename[i]: state for i, state in saved["state"].items()}, "param_groups": groups}
+    return {"state": {rename[key]: state for key, state in saved["state"].items()},
+            "param_groups": groups}
