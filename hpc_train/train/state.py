@@ -189,7 +189,6 @@ class CheckpointedState:
             elif hasattr(component, "fresh"):
                 component.fresh()
 
-
     def _load_sharded(self, replicated: dict, directory: Path | None) -> tuple[str, ...]:
         """Load the sharded part, if either side has one; the replicated names it stood for."""
         if directory is None:

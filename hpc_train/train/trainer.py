@@ -19,6 +19,7 @@ import time
 
 import torch
 
+from hpc_train.checkpoint.sharded import ShardedModelState
 from hpc_train.models import build_model
 from hpc_train.parallel.data_parallel import make_backend
 from hpc_train.parallel.fsdp import full_parameters
@@ -32,15 +33,14 @@ from hpc_train.runtime.stop import StopFlag
 from hpc_train.spec import dump_spec_yaml, spec_to_dict
 from hpc_train.spec.schema import TOKEN_KINDS
 from hpc_train.train.ledger import SampleLedger
-from hpc_train.checkpoint.sharded import ShardedModelState
 from hpc_train.train.state import (CheckpointedState, ModelBuffers, ModelWeights, Progress,
                                    RngStreams, unwrap)
 from hpc_train.train.checkpointing import Checkpointing
+from hpc_train.train.fsdp_parts import FsdpParts
 from hpc_train.train.data import DeviceInputs, build_loaders, normalizes_on_device, shutdown_workers
 from hpc_train.train.evaluation import evaluate_classifier
 from hpc_train.train.meters import Window
 from hpc_train.train.optim import build_optimizer
-from hpc_train.train.fsdp_parts import FsdpParts
 from hpc_train.train.parts import PartsFactory
 from hpc_train.train.pipeline_trainer import PipelineParts
 from hpc_train.train.precision import Precision
