@@ -6,6 +6,7 @@
         meta.json               step, epoch, spec hash, world size, time
         replicated.pt           state every rank shares (model, optimizer, scaler, schedule, sampler)
         rank-00000.pt           state that differs per rank (RNG streams)
+        sharded/                fsdp's model and optimizer, every rank's shards (DCP's format)
       .step-00001300.tmp/       a save in progress (or killed): never loaded, removed on next save;
                                 its files appear as NAME.partial, renamed to NAME once fsynced
       step-00001100.unloadable/ complete but failed to load on resume: set aside, kept to inspect
@@ -19,6 +20,7 @@ from pathlib import Path
 MARKER = "COMPLETE"
 META = "meta.json"
 REPLICATED = "replicated.pt"
+SHARDED = "sharded"
 _STEP_DIR = re.compile(r"step-(\d{8,})")
 
 

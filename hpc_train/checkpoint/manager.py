@@ -2,6 +2,8 @@
 
 Save protocol (every rank calls `save`, at the same step):
   1. `prepare`: rank 0 removes a leftover temporary directory of that step and creates it; barrier
+  1b. a sharded job: every rank writes its shards into `sharded/` of the temporary directory
+     (torch.distributed.checkpoint, a collective in the training thread; checkpoint/sharded.py)
   2. `write`: every rank writes its named files, then its own file (state that differs per
      rank), each as NAME.partial, fsynced, renamed to NAME: a rank file present means that
      rank is done; then "the peers are done" (a barrier, or for a background write rank 0
@@ -70,11 +72,15 @@ class CheckpointManager:
         return layout.list_complete(self.root)
 
     def save(self, step: int, replicated: dict, per_rank: dict, meta: dict,
-             files: dict[str, dict] | None = None) -> Path:
+             files: dict[str, dict] | None = None,
+             sharded: Callable[[Path], None] | None = None) -> Path:
         """The whole protocol, with barriers (every rank, same step). `files`: more named files
         this rank writes (a pipeline stage's state, written by one rank per stage); read back
-        with `load_file`."""
+        with `load_file`. `sharded`: writes this rank's shards into the directory it is given
+        (step 1b; every rank); read back from `sharded_part`."""
         self.prepare(step)
+        if sharded is not None:
+            sharded(self.sharded_temporary(step))
         final = self.write(step, replicated, per_rank, meta, files)
         # Nobody leaves before rank 0 is done: a rank that exits right after a stop-save would
         # make mpirun tear down rank 0 in the middle of writing.
@@ -88,6 +94,15 @@ class CheckpointManager:
             shutil.rmtree(tmp, ignore_errors=True)   # a save of this step killed earlier
             tmp.mkdir()
         self.barrier()
+
+    def sharded_temporary(self, step: int) -> Path:
+        """Where step 1b writes the shards of `step`, after `prepare`."""
+        return self.root / layout.tmp_dir_name(step) / layout.SHARDED
+
+    def sharded_part(self, step: int) -> Path | None:
+        """The sharded directory of the complete checkpoint of `step`; None if it has none."""
+        directory = self.root / layout.step_dir_name(step) / layout.SHARDED
+        return directory if directory.is_dir() else None
 
     def write(self, step: int, replicated: dict, per_rank: dict, meta: dict,
               files: dict[str, dict] | None = None,

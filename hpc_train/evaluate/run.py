@@ -60,6 +60,8 @@ class OneProcess:
 def collectives(identity: RankInfo, device: torch.device, backend: str, environ):
     if identity.size == 1:
         return OneProcess()
+    if backend == "fsdp":      # evaluation holds whole models: its sums go over torch.distributed
+        backend = "ddp"
     if backend == "ddp" and not (environ.get("MASTER_ADDR") and environ.get("MASTER_PORT")):
         raise UsageError(f"evaluate over {identity.size} ranks with the ddp backend needs "
                          "MASTER_ADDR and MASTER_PORT set (the first node, a free port). Fix: "

@@ -9,12 +9,12 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any, Mapping
 
-from hpc_train.models.catalog import MODEL_NAMES, model
+from hpc_train.models.catalog import MODEL_NAMES, model as model_entry
 
 if TYPE_CHECKING:
     from torch import nn
 
-__all__ = ["MODEL_NAMES", "build_model"]
+__all__ = ["MODEL_NAMES", "build_model", "shard_units"]
 
 
 def build_model(name: str, num_classes: int, options: Mapping[str, Any] | None = None,
@@ -26,7 +26,7 @@ def build_model(name: str, num_classes: int, options: Mapping[str, Any] | None =
     the unset ones take their defaults. Unknown names or options raise ValueError listing what
     is valid.
     """
-    entry = model(name)
+    entry = model_entry(name)
     options = dict(options or {})
     if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 1:
         raise ValueError(f"num_classes must be a positive integer, got {num_classes!r}")
@@ -34,6 +34,17 @@ def build_model(name: str, num_classes: int, options: Mapping[str, Any] | None =
     if unknown:
         raise ValueError(f"model {name!r} does not accept option(s) {unknown}; "
                          f"valid options: {list(entry.option_names)}")
-    module_name, function = entry.builder.split(":")
-    builder = getattr(importlib.import_module(module_name), function)
-    return builder(num_classes, **inputs, **options)
+    return _named(entry.builder)(num_classes, **inputs, **options)
+
+
+def shard_units(name: str, model: "nn.Module") -> "list[nn.Module]":
+    """The submodules of `model` (built as catalog model `name`) that fsdp shards one by one,
+    before the root: ResNet stages, gpt blocks. Each is gathered whole for its forward, so
+    the largest one bounds the memory of gathered parameters."""
+    return list(_named(model_entry(name).shard_units)(model))
+
+
+def _named(target: str):
+    """The function a catalog "module:function" string names, imported now."""
+    module_name, function = target.split(":")
+    return getattr(importlib.import_module(module_name), function)

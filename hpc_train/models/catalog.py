@@ -70,21 +70,27 @@ class Model:
     builder: str    # "module:function": called as function(num_classes, **inputs, **options)
     options: type   # the options dataclass: names, types, defaults and limits
     block_list: bool = False   # built as a block list: trains on the pipeline, one stage or more
+    shard_units: str = ""      # "module:function": function(model) -> the submodules fsdp shards
 
     @property
     def option_names(self) -> tuple[str, ...]:
         return tuple(f.name for f in fields(self.options))
 
 
+_RESNET_UNITS = "hpc_train.models.resnet:shard_units"
+
+
 def _torchvision(name: str) -> Model:
-    return Model(f"hpc_train.models.resnet:{name}", ResNetOptions)
+    return Model(f"hpc_train.models.resnet:{name}", ResNetOptions, shard_units=_RESNET_UNITS)
 
 
 MODELS: dict[str, Model] = {
     **{name: _torchvision(name) for name in ("resnet18", "resnet34", "resnet50", "resnet101",
                                              "resnet152")},
-    "resnet_tiny": Model("hpc_train.models.resnet:resnet_tiny", TinyResNetOptions),
-    "gpt": Model("hpc_train.models.gpt:gpt", GptOptions, block_list=True),   # num_classes: vocabulary
+    "resnet_tiny": Model("hpc_train.models.resnet:resnet_tiny", TinyResNetOptions,
+                         shard_units=_RESNET_UNITS),
+    "gpt": Model("hpc_train.models.gpt:gpt", GptOptions, block_list=True,   # num_classes: vocabulary
+                 shard_units="hpc_train.models.gpt:shard_units"),
 }
 
 MODEL_NAMES: tuple[str, ...] = tuple(MODELS)

@@ -98,6 +98,11 @@ def gpt(vocab_size: int, *, seq_len: int, **options) -> nn.Sequential:
     return blocks
 
 
+def shard_units(blocks: nn.Sequential) -> list[nn.Module]:
+    """fsdp's units: every block of the list (embedding, each layer, head)."""
+    return list(blocks)
+
+
 def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Mean next-token cross-entropy over every position: (B, S, V) logits, (B, S) targets."""
     return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())

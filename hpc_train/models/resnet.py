@@ -145,6 +145,11 @@ class ResNet(nn.Module):
         return self.fc(x)
 
 
+def shard_units(model: ResNet) -> list[nn.Module]:
+    """fsdp's units: the four stages (the stem and the classifier stay with the root)."""
+    return [model.layer1, model.layer2, model.layer3, model.layer4]
+
+
 def _torchvision(block: Block, layers: Sequence[int]):
     """The builder of one of torchvision's ResNets: `builder(num_classes, **options)`."""
     def build(num_classes: int = 1000, **options) -> ResNet:

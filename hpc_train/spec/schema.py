@@ -279,14 +279,35 @@ class HorovodSpec:
 
 
 @dataclass(frozen=True)
+class FsdpSpec:
+    """torch FSDP2's settings (parallel.backend: fsdp): parameters, gradients and optimizer
+    state sharded over the ranks, one unit per block of the model (parallel/fsdp.py)."""
+    reshard_after_forward: bool = spec_field(
+        True, doc="free each block's gathered parameters after its forward and gather them "
+        "again in backward (ZeRO-3's memory); false keeps them to backward (ZeRO-2's traffic)")
+    param_dtype: Optional[Literal["fp32", "bf16", "fp16"]] = spec_field(
+        None, doc="dtype of the gathered parameters in forward and backward (half the "
+        "all-gather bytes); null: fp32, autocast computing in precision.mode's dtype. Not with "
+        "BatchNorm models (resnet*): their running statistics stay fp32", example="bf16")
+    reduce_dtype: Optional[Literal["fp32", "bf16", "fp16"]] = spec_field(
+        None, doc="dtype of the gradient reduce-scatter; null: fp32", example="bf16")
+    cpu_offload: bool = spec_field(
+        False, doc="keep the sharded parameters, gradients and optimizer state in host memory "
+        "(the optimizer steps on the CPU); for GPU jobs whose state does not fit")
+
+
+@dataclass(frozen=True)
 class ParallelSpec:
-    backend: Literal["horovod", "ddp"] = spec_field("horovod", doc="data-parallel library")
+    backend: Literal["horovod", "ddp", "fsdp"] = spec_field(
+        "horovod", doc="data-parallel library: horovod, ddp (replicated), fsdp (torch FSDP2, "
+        "sharded; parallel.fsdp)")
     accumulation: int = spec_field(1, doc="backward passes per optimizer step", ge=1)
     compression: Literal["none", "fp16"] = spec_field(
         "none", doc="gradient compression on the wire: fp16 halves the allreduce bytes "
         "(Horovod's DistributedOptimizer; DDP ignores it, with a warning)")
     pipeline: PipelineSpec = field(default_factory=PipelineSpec)
     horovod: HorovodSpec = field(default_factory=HorovodSpec)
+    fsdp: FsdpSpec = field(default_factory=FsdpSpec)
     # A resume on another world size (spec/global_batch.py, slurm/resume.py).
     keep_global_batch: bool = spec_field(
         False, doc="on a resume at another world size, keep the last checkpoint's samples per "
@@ -374,8 +395,11 @@ class JobSpec:
 
     @property
     def parallelism(self) -> Parallelism:
-        """The pipeline for stages > 1 or a block-list model (gpt; one stage is then plain data
-        parallelism of the block list), data parallelism for the rest."""
+        """FSDP for parallel.backend fsdp (stages > 1 is refused by a rule); else the pipeline
+        for stages > 1 or a block-list model (gpt; one stage is then plain data parallelism of
+        the block list), data parallelism for the rest."""
+        if self.parallel.backend == "fsdp":
+            return Parallelism.FSDP
         pipeline = self.uses_pipeline or model_entry(self.model.name).block_list
         return Parallelism.PIPELINE if pipeline else Parallelism.DATA_PARALLEL
 

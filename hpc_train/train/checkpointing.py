@@ -9,7 +9,10 @@ host memory (`HostSnapshot`; pinned for GPU tensors), the temporary directory is
 barrier), and training goes on while a background thread serialises and renames
 (`BackgroundWriter`, one write at a time). A stop for requeue and the end of training wait for
 the write (at most launch.stall_seconds) and meet at a barrier, so no rank exits before rank 0
-has written the marker. sync: the whole save blocks, as before.
+has written the marker. sync: the whole save blocks, as before. A sharded part (fsdp's model and
+optimizer, torch.distributed.checkpoint) is written by every rank in the training thread right
+after the temporary directory is made, in both modes: DCP's save is a collective, and no
+collective may run in the background thread.
 """
 
 from __future__ import annotations
@@ -106,7 +109,8 @@ class Checkpointing:
                     f"checkpoint step {step} counts steps, not samples (made before progress was "
                     f"counted in samples): it resumes only on its own {self._saved_world_size} "
                     f"ranks, not {self.identity.size}. Fix: resume with the world size it was saved with")
-            self.states.load(replicated, per_rank, lambda name: self.manager.load_file(step, name))
+            self.states.load(replicated, per_rank, lambda name: self.manager.load_file(step, name),
+                             self.manager.sharded_part(step))
         except CheckpointMismatch:
             raise
         except CheckpointError as exc:
@@ -152,11 +156,14 @@ class Checkpointing:
         if self.asynchronous:
             replicated, per_rank, files = self.snapshot.take((replicated, per_rank, files))
             self.manager.prepare(step)
+            # Shards are written here, in the training thread: DCP's save is a collective.
+            self.states.save_sharded(self.manager.sharded_temporary(step))
             blocked = time.perf_counter() - started
             self.writer.submit(lambda: self._write(step, reason, replicated, per_rank, files,
                                                    meta, started, blocked, position))
         else:
-            path = self.manager.save(step, replicated, per_rank, meta, files)
+            path = self.manager.save(step, replicated, per_rank, meta, files,
+                                     sharded=self.states.save_sharded)
             self._saved(step, reason, path, started, time.perf_counter() - started, position)
         self.last_saved_step, self.last_save_time = step, time.monotonic()
         self.heartbeat.progress(phase=Phase.SAVED)

@@ -34,6 +34,10 @@ This module does not import horovod; the trainer passes the two hooks instead:
 `synchronize` is called exactly once per optimizer step (by whichever of the two runs first),
 and the optimizer step always runs inside `skip_sync_context()` when one is given. With DDP
 (gradients are reduced during backward) or one process, pass neither.
+
+Sharded gradients (fsdp): each rank unscales only its shards, so an inf/nan may show on one
+rank alone; `sharded=True` takes torch's ShardedGradScaler, which all-reduces the overflow flag,
+so every rank skips the same steps.
 """
 
 from __future__ import annotations
@@ -54,7 +58,7 @@ _DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 class Precision:
     def __init__(self, mode: str = "fp32", device: torch.device | str = "cpu",
                  loss_scale: str | float = "dynamic", init_scale: float = DEFAULT_INIT_SCALE,
-                 growth_interval: int = 2000) -> None:
+                 growth_interval: int = 2000, sharded: bool = False) -> None:
         if mode not in MODES:
             raise ValueError(f"precision mode must be one of {MODES}, got {mode!r}")
         if isinstance(loss_scale, str):
@@ -70,7 +74,7 @@ class Precision:
         self.dtype = _DTYPES[mode]
         # None: dynamic. A float: the fixed scale (init_scale is then irrelevant).
         self.static_scale = None if loss_scale == "dynamic" else float(loss_scale)
-        self.scaler = torch.amp.GradScaler(
+        self.scaler = _scaler_class(sharded)(
             self.device.type,
             init_scale=self.static_scale or init_scale,
             growth_interval=growth_interval,
@@ -169,3 +173,11 @@ class Precision:
         saved = state.get("scaler") or {}
         if self.scaler.is_enabled() and self.static_scale is None and saved:
             self.scaler.load_state_dict(saved)
+
+
+def _scaler_class(sharded: bool) -> type:
+    if not sharded:
+        return torch.amp.GradScaler
+    from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+    return ShardedGradScaler

@@ -15,9 +15,9 @@ import torch
 
 from hpc_train.checkpoint import layout
 from hpc_train.checkpoint.manager import CheckpointManager
+from hpc_train.checkpoint.sharded import whole_state
 from hpc_train.errors import CheckpointError, UsageError
 from hpc_train.models import build_model
-from hpc_train.parallel.layout import Parallelism
 from hpc_train.rundir import RunPaths
 
 
@@ -30,9 +30,9 @@ def open_run(run_dir: str | Path):
         raise UsageError(f"{run_dir} is not a run directory: it has no {paths.spec.name}. "
                          "Fix: give a directory that `submit` created (runs/<name>-<stamp>)")
     spec = load_spec(paths.spec)
-    if spec.parallelism is not Parallelism.DATA_PARALLEL:
+    if spec.model.name == "gpt":
         raise UsageError(f"{run_dir} trains gpt on the pipeline engine (a checkpoint file per "
-                         "stage); evaluate and export take the image models (resnet*) only. Its "
+                         "stage) or sharded by fsdp; evaluate and export take the image models (resnet*) only. Its "
                          "validation loss and next-token accuracy are the \"split\": \"val\" lines "
                          "of metrics.jsonl")
     return paths, spec
@@ -66,7 +66,10 @@ class SavedCheckpoint:
             self.meta = json.loads((self.directory / layout.META).read_text())
         except (OSError, ValueError) as exc:
             raise CheckpointError(f"cannot read {self.directory / layout.META}: {exc}") from None
-        self.weights = self._files.load_file(step, layout.REPLICATED)["model"]
+        sharded = self._files.sharded_part(step)
+        # An fsdp run's model is in its sharded part (every rank's shards), gathered here.
+        self.weights = (whole_state(sharded)["model"] if sharded is not None
+                        else self._files.load_file(step, layout.REPLICATED)["model"])
 
     @property
     def world_size(self) -> int:
@@ -84,7 +87,7 @@ class SavedCheckpoint:
         return self._files.load_file(self.step, layout.rank_file_name(rank)).get("buffers")
 
     def model(self, rank: int | None = None) -> torch.nn.Module:
-        """The model with the saved weights (rank 0's buffers), or with `rank`'s buffers."""
+        """The model with the saved weights and rank 0's buffers, or `rank`'s."""
         spec = self.spec
         model = build_model(spec.model.name, spec.data.num_classes, spec.model.options)
         try:
@@ -94,7 +97,9 @@ class SavedCheckpoint:
             raise CheckpointError(f"{self.directory}: the weights do not fit model "
                                   f"{spec.model.name} of {self.paths.spec} ({' '.join(first)}); "
                                   "was spec.yaml changed after this checkpoint?") from None
-        buffers = self.buffers_of(rank) if rank else None
+        # Rank 0's own for None: an fsdp checkpoint's sharded part keeps one rank's buffers,
+        # DCP's choice (a replicated one's are rank 0's already).
+        buffers = self.buffers_of(rank or 0)
         if buffers:
             own = dict(model.named_buffers())
             for name, value in buffers.items():

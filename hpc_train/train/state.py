@@ -11,6 +11,9 @@ parts name theirs, and `CheckpointedState` says where each one lives on disk:
   absent after a world-size change, when components that can derive a fresh state do so.
 - named files (`stage-NNNNN.pt`): a pipeline stage's weights and optimizer, written by replica 0
   of that stage and read by every rank of it.
+- sharded (`sharded/`, torch.distributed.checkpoint): a sharded model and optimizer (fsdp),
+  written by every rank in parallel and read at any world size (checkpoint/sharded.py); a
+  replicated job reads such a checkpoint into its whole model, and a sharded one a replicated.
 
 Everything is tensors and plain Python data, so `torch.load(weights_only=True)` reads it.
 """
@@ -18,6 +21,7 @@ Everything is tensors and plain Python data, so `torch.load(weights_only=True)` 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Protocol
 
 import torch
@@ -32,6 +36,19 @@ class Stateful(Protocol):
     def state_dict(self) -> dict[str, Any]: ...
 
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+class ShardedState(Protocol):
+    """Components every rank saves and loads together, as one directory (a collective)."""
+
+    names: tuple[str, ...]   # what a replicated checkpoint calls the components it holds
+    writes: bool             # saved this way by this job (else only read, from a sharded save)
+
+    def save(self, directory: Path) -> None: ...
+
+    def load(self, directory: Path) -> None: ...
+
+    def load_replicated(self, replicated: dict[str, Any]) -> None: ...
 
 
 def unwrap(model: torch.nn.Module) -> torch.nn.Module:
@@ -140,17 +157,28 @@ class CheckpointedState:
     per_rank: dict[str, Stateful] = field(default_factory=dict)
     files: dict[str, dict[str, Stateful]] = field(default_factory=dict)
     writes_files: bool = True      # whether this rank writes `files` (one writer per file)
+    sharded: ShardedState | None = None   # saved by every rank into `sharded/` when it writes
+
+    def save_sharded(self, directory: Path) -> None:
+        """Every rank, in the training thread (a collective): the sharded part into `directory`."""
+        if self.sharded is not None and self.sharded.writes:
+            self.sharded.save(directory)
 
     def capture(self) -> tuple[dict, dict, dict]:
         """(replicated, this rank's own, named extra files this rank writes) as plain data."""
         files = {name: _captured(parts) for name, parts in self.files.items()} if self.writes_files else {}
         return _captured(self.replicated), _captured(self.per_rank), files
 
-    def load(self, replicated: dict, per_rank: dict | None, load_file: Callable[[str], dict]) -> None:
-        """Replicated components first (in mapping order), then the named files, then this
-        rank's own (or fresh ones where the checkpoint has none for this rank)."""
+    def load(self, replicated: dict, per_rank: dict | None, load_file: Callable[[str], dict],
+             sharded: Path | None = None) -> None:
+        """The sharded part (the checkpoint's `sharded` directory, or a sharded job's
+        components from a replicated checkpoint), the replicated components (in mapping order;
+        those the sharded part held are skipped), then the named files, then this rank's own
+        (or fresh ones where the checkpoint has none for this rank)."""
+        skipped = self._load_sharded(replicated, sharded)
         for name, component in self.replicated.items():
-            component.load_state_dict(replicated[name])
+            if name not in skipped:
+                component.load_state_dict(replicated[name])
         for file_name, parts in self.files.items():
             saved = load_file(file_name)
             for name, component in parts.items():
@@ -160,6 +188,19 @@ class CheckpointedState:
                 component.load_state_dict(per_rank[name])
             elif hasattr(component, "fresh"):
                 component.fresh()
+
+    def _load_sharded(self, replicated: dict, directory: Path | None) -> tuple[str, ...]:
+        """Load the sharded part, if either side has one; the replicated names it stood for."""
+        if directory is None:
+            if self.sharded is not None and self.sharded.writes:
+                self.sharded.load_replicated(replicated)
+            return ()
+        if self.sharded is None:
+            raise CheckpointMismatch(
+                f"the checkpoint's model is sharded ({directory}) and this kind of job (a "
+                "pipeline) cannot read it: resume with parallel.backend fsdp, or ddp without stages")
+        self.sharded.load(directory)
+        return self.sharded.names
 
 
 def _captured(components: dict[str, Stateful]) -> dict[str, Any]:

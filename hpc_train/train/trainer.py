@@ -19,8 +19,10 @@ import time
 
 import torch
 
+from hpc_train.checkpoint.sharded import ShardedModelState
 from hpc_train.models import build_model
 from hpc_train.parallel.data_parallel import make_backend
+from hpc_train.parallel.fsdp import full_parameters
 from hpc_train.parallel.layout import Parallelism, ParallelLayout
 from hpc_train import events
 from hpc_train.rundir import RunPaths, append_jsonl
@@ -31,8 +33,10 @@ from hpc_train.runtime.stop import StopFlag
 from hpc_train.spec import dump_spec_yaml, spec_to_dict
 from hpc_train.spec.schema import TOKEN_KINDS
 from hpc_train.train.ledger import SampleLedger
-from hpc_train.train.state import CheckpointedState, ModelBuffers, ModelWeights, Progress, RngStreams
+from hpc_train.train.state import (CheckpointedState, ModelBuffers, ModelWeights, Progress,
+                                   RngStreams, unwrap)
 from hpc_train.train.checkpointing import Checkpointing
+from hpc_train.train.fsdp_parts import FsdpParts
 from hpc_train.train.data import DeviceInputs, build_loaders, normalizes_on_device, shutdown_workers
 from hpc_train.train.evaluation import evaluate_classifier
 from hpc_train.train.meters import Window
@@ -60,10 +64,11 @@ def parameters_digest(model: torch.nn.Module) -> str:
     """sha256 of every trainable parameter: equal digests mean bit-identical replicas.
 
     Buffers are left out on purpose: BatchNorm running statistics are per rank under Horovod
-    (each rank normalises its own batches), while the weights must agree exactly.
+    (each rank normalises its own batches), while the weights must agree exactly. Sharded
+    parameters are gathered whole (a collective: every rank digests at the same point).
     """
     digest = hashlib.sha256()
-    for name, tensor in sorted(model.named_parameters()):
+    for name, tensor in full_parameters(model):
         digest.update(name.encode())
         digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
     return digest.hexdigest()
@@ -93,7 +98,9 @@ class DataParallelParts:
         return CheckpointedState(
             replicated={"model": ModelWeights(self.model), "optimizer": self.optimizer,
                         "precision": self.precision},
-            per_rank={"buffers": ModelBuffers(self.model)})
+            per_rank={"buffers": ModelBuffers(self.model)},
+            # Reads an fsdp checkpoint's shards into the whole model (saved replicated).
+            sharded=ShardedModelState(unwrap(self.model), self.optimizer, writes=False))
 
     def train_step(self, micro_batches, clock=NO_CLOCK) -> tuple[float, bool]:
         """One optimizer step: (this rank's loss, whether the step was applied)."""
@@ -109,7 +116,8 @@ class DataParallelParts:
 
 
 PARTS: dict[Parallelism, PartsFactory] = {Parallelism.DATA_PARALLEL: DataParallelParts,
-                                          Parallelism.PIPELINE: PipelineParts}
+                                          Parallelism.PIPELINE: PipelineParts,
+                                          Parallelism.FSDP: FsdpParts}
 
 
 def parts_for(layout: ParallelLayout) -> PartsFactory:

@@ -136,18 +136,19 @@ def _beat(paths, rank: int) -> dict:
 
 
 @pytest.mark.mpi
-@pytest.mark.horovod
 @pytest.mark.slow
-def test_sigkill_during_a_background_write_leaves_the_previous_checkpoint(tmp_path):
+@pytest.mark.parametrize("backend", [pytest.param("horovod", marks=pytest.mark.horovod), "fsdp"])
+def test_sigkill_during_a_background_write_leaves_the_previous_checkpoint(backend, tmp_path):
     """checkpoint.write: async (the default). Rank 0's background write of step 20 is held
-    after every rank's file is on disk and before the marker (HPC_TRAIN_FAULT slow_write) while
-    training goes on; rank 0 is then SIGKILLed. Step 10 stays the newest complete checkpoint,
-    loads with weights_only, and the next run resumes from it and completes."""
+    after every rank's file is on disk (fsdp: and every rank's shards) and before the marker
+    (HPC_TRAIN_FAULT slow_write) while training goes on; rank 0 is then SIGKILLed. Step 10 stays
+    the newest complete checkpoint, loads with weights_only, and the next run resumes from it
+    and completes."""
     import torch
 
     paths = local_run(tmp_path, "checkpoint.every_steps=10", "log.every_steps=1",
                       "optim.max_steps=30", "launch.env.HPC_TRAIN_FAULT=slow_write:0:20:120",
-                      "launch.restarts_in_job=0")
+                      "launch.restarts_in_job=0", f"parallel.backend={backend}")
     assert paths.spec.read_text().count("write: async") == 1
     tmp = paths.checkpoints / layout.tmp_dir_name(20)
     seen = {}
@@ -159,7 +160,8 @@ def test_sigkill_during_a_background_write_leaves_the_previous_checkpoint(tmp_pa
             beat = _beat(paths, 0)
             # Both ranks' files are in the temporary directory and training is past step 20.
             if written == {"rank-00000.pt", "rank-00001.pt"} and beat.get("step", 0) > 21:
-                seen.update(step=beat["step"], written=sorted(written))
+                seen.update(step=beat["step"], written=sorted(written),
+                            sharded=(tmp / layout.SHARDED / ".metadata").is_file())
                 os.kill(beat["pid"], signal.SIGKILL)
                 return
             time.sleep(0.05)
@@ -174,6 +176,9 @@ def test_sigkill_during_a_background_write_leaves_the_previous_checkpoint(tmp_pa
     assert not (paths.checkpoints / layout.step_dir_name(20)).exists()
     for name in (layout.REPLICATED, layout.rank_file_name(0), layout.rank_file_name(1)):
         torch.load(paths.checkpoints / layout.step_dir_name(10) / name, weights_only=True)
+    if backend == "fsdp":     # the shards of step 20 were written, but never count
+        assert (paths.checkpoints / layout.step_dir_name(10) / layout.SHARDED / ".metadata").is_file()
+        assert seen["sharded"]
     saved = events(paths, "checkpoint_saved")
     assert [(e["step"], e["mode"]) for e in saved] == [(10, "async")]
     assert saved[0]["blocked_seconds"] <= saved[0]["seconds"]

@@ -38,9 +38,11 @@ def test_single_process_accumulation_matches_the_large_batch():
 
 @pytest.mark.mpi
 @pytest.mark.slow
-@pytest.mark.parametrize("backend", [pytest.param("horovod", marks=pytest.mark.horovod), "ddp"])
+@pytest.mark.parametrize("backend", [pytest.param("horovod", marks=pytest.mark.horovod), "ddp", "fsdp"])
 def test_two_ranks_accumulating_match_one_process(backend, mpirun_argv, python, tmp_path):
-    env_argv = ["-x", "MASTER_ADDR=127.0.0.1", "-x", f"MASTER_PORT={free_port()}"]
+    # PYTHONPATH: the workers import this checkout's package, not an installed one.
+    env_argv = ["-x", "MASTER_ADDR=127.0.0.1", "-x", f"MASTER_PORT={free_port()}",
+                "-x", f"PYTHONPATH={REPO}"]
     argv = [*mpirun_argv(2), *env_argv, python, str(REPO / "tests/workers/accumulation.py"), backend,
             str(tmp_path)]
     out = subprocess.run(argv, capture_output=True, text=True, timeout=300)

@@ -1,6 +1,6 @@
 """Run under mpirun: accumulation 2 x B on each of N ranks vs. one process on the whole batch.
 
-argv: BACKEND (horovod | ddp) OUT_DIR. Writes OUT_DIR/rank-N.json with the largest parameter
+argv: BACKEND (horovod | ddp | fsdp) OUT_DIR. Writes OUT_DIR/rank-N.json with the largest parameter
 difference from the single-process reference after a few optimizer steps (a file per rank:
 lines that ranks print can interleave in mpirun's forwarded stdout).
 """
@@ -21,13 +21,22 @@ from hpc_train.train.step import optimizer_step
 STEPS, ACCUMULATION, BATCH, FEATURES, CLASSES = 3, 2, 4, 8, 3
 
 identity = rank_from_env(os.environ)
-backend = make_backend(sys.argv[1], identity, torch.device("cpu"))
+if sys.argv[1] == "fsdp":
+    from hpc_train.parallel.fsdp import FsdpBackend
+    from hpc_train.spec.schema import FsdpSpec
+
+    backend = FsdpBackend(identity, torch.device("cpu"))
+else:
+    backend = make_backend(sys.argv[1], identity, torch.device("cpu"))
 torch.manual_seed(0)
 # No BatchNorm: batch statistics would make 2 x B and 2B legitimately different.
 model = torch.nn.Sequential(torch.nn.Linear(FEATURES, 16), torch.nn.Tanh(), torch.nn.Linear(16, CLASSES))
 reference = copy.deepcopy(model)
+if sys.argv[1] == "fsdp":     # sharded before its optimizer is built, as FsdpParts does
+    model = backend.shard(model, [model[0], model[2]], FsdpSpec())
 optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-model, optimizer = backend.prepare(model, optimizer, accumulation=ACCUMULATION, compression="none")
+if sys.argv[1] != "fsdp":
+    model, optimizer = backend.prepare(model, optimizer, accumulation=ACCUMULATION, compression="none")
 criterion = torch.nn.CrossEntropyLoss()
 
 data = torch.Generator().manual_seed(1)
@@ -46,6 +55,7 @@ for step in range(STEPS):
     criterion(reference(inputs[step].reshape(-1, FEATURES)), labels[step].reshape(-1)).backward()
     reference_opt.step()
 
-diff = max((a - b).abs().max().item() for a, b in zip(model.parameters(), reference.parameters()))
+whole = [p.full_tensor() if hasattr(p, "full_tensor") else p for p in model.parameters()]
+diff = max((a - b).abs().max().item() for a, b in zip(whole, reference.parameters()))
 Path(sys.argv[2], f"rank-{identity.rank}.json").write_text(json.dumps({"rank": identity.rank, "max_diff": diff}))
 backend.shutdown()

@@ -1,0 +1,82 @@
+"""Cross-field rules of `parallel.backend: fsdp`: the combinations FSDP2 here does not run.
+
+Each is refused at submit time in one line naming the key, the value, the rule and the fix:
+otherwise the job would fail on its ranks after the queue wait, or silently do something else.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import fields
+
+from hpc_train.models.catalog import model as model_entry
+from hpc_train.spec.problems import Problem
+from hpc_train.spec.schema import FsdpSpec, JobSpec
+
+
+def _fsdp(spec: JobSpec) -> bool:
+    return spec.parallel.backend == "fsdp"
+
+
+def fsdp_without_pipeline(spec: JobSpec) -> Iterator[Problem]:
+    stages = spec.parallel.pipeline.stages
+    if _fsdp(spec) and stages > 1:
+        yield Problem("parallel.pipeline.stages", f"{stages} with parallel.backend 'fsdp'",
+                      "fsdp shards whole models over all ranks; stages x sharded replicas is "
+                      "not built", "set parallel.pipeline.stages: 1, or parallel.backend: ddp "
+                      "for a pipeline")
+
+
+def fsdp_without_compression(spec: JobSpec) -> Iterator[Problem]:
+    if _fsdp(spec) and spec.parallel.compression != "none":
+        yield Problem("parallel.compression", f"{spec.parallel.compression!r} with "
+                      "parallel.backend 'fsdp'", "gradient compression is Horovod's; fsdp "
+                      "reduces gradients in parallel.fsdp.reduce_dtype",
+                      "set parallel.compression: none (and parallel.fsdp.reduce_dtype: bf16 for "
+                      "half the bytes)")
+
+
+def fp16_shards_need_scaling(spec: JobSpec) -> Iterator[Problem]:
+    """fp16 gradients underflow without the loss scaler that only precision.mode fp16 runs."""
+    settings = spec.parallel.fsdp
+    if not _fsdp(spec) or spec.precision.mode == "fp16":
+        return
+    for name in ("param_dtype", "reduce_dtype"):
+        if getattr(settings, name) == "fp16":
+            yield Problem(f"parallel.fsdp.{name}", f"'fp16' with precision.mode "
+                          f"{spec.precision.mode!r}", "fp16 gradients need the loss scaler of "
+                          "precision.mode fp16", f"set precision.mode: fp16, or "
+                          f"parallel.fsdp.{name}: bf16")
+
+
+def half_parameters_without_batch_norm(spec: JobSpec) -> Iterator[Problem]:
+    """BatchNorm's running statistics are fp32 buffers, which FSDP does not cast: a half-precision
+    weight meets them in batch_norm and the first forward fails."""
+    dtype = spec.parallel.fsdp.param_dtype
+    if _fsdp(spec) and dtype not in (None, "fp32") and not model_entry(spec.model.name).block_list:
+        yield Problem("parallel.fsdp.param_dtype", f"{dtype!r} with model.name "
+                      f"{spec.model.name!r}", "the model's BatchNorm keeps fp32 running "
+                      "statistics, which half-precision weights cannot meet",
+                      "remove parallel.fsdp.param_dtype (precision.mode's autocast computes in "
+                      "half precision), or set it for gpt only")
+
+
+def fsdp_settings_unused(spec: JobSpec) -> Iterator[Problem]:
+    settings = spec.parallel.fsdp
+    changed = [f.name for f in fields(FsdpSpec) if getattr(settings, f.name) != f.default]
+    if changed and not _fsdp(spec):
+        yield Problem("parallel.fsdp", f"{', '.join(changed)} with parallel.backend "
+                      f"{spec.parallel.backend!r}", "these settings only tune fsdp; they are "
+                      "ignored", "set parallel.backend: fsdp, or remove the parallel.fsdp keys")
+
+
+def offload_on_cpu(spec: JobSpec) -> Iterator[Problem]:
+    if _fsdp(spec) and spec.parallel.fsdp.cpu_offload and not spec.uses_gpu:
+        yield Problem("parallel.fsdp.cpu_offload", "true on a CPU job",
+                      "the state of a CPU job is in host memory already; it is ignored",
+                      "remove it on CPU jobs")
+
+
+FSDP_ERROR_RULES = (fsdp_without_pipeline, fsdp_without_compression, fp16_shards_need_scaling,
+                    half_parameters_without_batch_norm)
+FSDP_WARNING_RULES = (fsdp_settings_unused, offload_on_cpu)
