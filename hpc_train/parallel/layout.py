@@ -25,6 +25,7 @@ class Parallelism(str, Enum):
 
     DATA_PARALLEL = "data_parallel"   # the whole model on every rank, gradients averaged
     PIPELINE = "pipeline"             # a block list cut into stages (one stage or more)
+    DEEPSPEED = "deepspeed"           # DeepSpeed's ZeRO engine: state sharded over the ranks
 
 
 class LayoutError(ValueError):

@@ -279,14 +279,35 @@ class HorovodSpec:
 
 
 @dataclass(frozen=True)
+class DeepSpeedSpec:
+    """DeepSpeed ZeRO (parallel.backend: deepspeed): what each rank keeps a shard of, and the
+    rest of DeepSpeed's config (parallel/deepspeed_config.py builds the whole of it)."""
+    stage: int = spec_field(1, doc="ZeRO stage: 1 shards the optimizer state over the ranks, 2 "
+                            "also the gradients, 3 also the parameters", ge=1, le=3)
+    offload_optimizer: Literal["none", "cpu"] = spec_field(
+        "none", doc="cpu: keep the optimizer state in host memory and step it there (ZeRO-Offload)")
+    offload_params: Literal["none", "cpu"] = spec_field(
+        "none", doc="cpu: keep the parameters in host memory between their uses (stage 3 only)")
+    overlap_comm: bool = spec_field(False, doc="reduce gradients while backward goes on (more "
+                                    "memory for the buckets)")
+    config: dict[str, Any] = spec_field(
+        factory=dict, doc="more of DeepSpeed's config, passed through as given; checked against "
+        "DeepSpeed's own config model at validate. Keys the spec owns (batch, accumulation, "
+        "clipping, precision, optimizer, the ZeRO keys above) are refused", example="{steps_per_print: 100}")
+
+
+@dataclass(frozen=True)
 class ParallelSpec:
-    backend: Literal["horovod", "ddp"] = spec_field("horovod", doc="data-parallel library")
+    backend: Literal["horovod", "ddp", "deepspeed"] = spec_field(
+        "horovod", doc="data-parallel library; deepspeed: DeepSpeed's ZeRO engine (the "
+        "`deepspeed` extra), parallel.deepspeed says what it shards")
     accumulation: int = spec_field(1, doc="backward passes per optimizer step", ge=1)
     compression: Literal["none", "fp16"] = spec_field(
         "none", doc="gradient compression on the wire: fp16 halves the allreduce bytes "
         "(Horovod's DistributedOptimizer; DDP ignores it, with a warning)")
     pipeline: PipelineSpec = field(default_factory=PipelineSpec)
     horovod: HorovodSpec = field(default_factory=HorovodSpec)
+    deepspeed: DeepSpeedSpec = field(default_factory=DeepSpeedSpec)
     # A resume on another world size (spec/global_batch.py, slurm/resume.py).
     keep_global_batch: bool = spec_field(
         False, doc="on a resume at another world size, keep the last checkpoint's samples per "
@@ -375,7 +396,10 @@ class JobSpec:
     @property
     def parallelism(self) -> Parallelism:
         """The pipeline for stages > 1 or a block-list model (gpt; one stage is then plain data
-        parallelism of the block list), data parallelism for the rest."""
+        parallelism of the block list), DeepSpeed's engine for its backend (whole model on
+        every rank, gpt included), data parallelism for the rest."""
+        if self.parallel.backend == "deepspeed":
+            return Parallelism.DEEPSPEED
         pipeline = self.uses_pipeline or model_entry(self.model.name).block_list
         return Parallelism.PIPELINE if pipeline else Parallelism.DATA_PARALLEL
 
