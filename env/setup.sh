@@ -115,6 +115,14 @@ else
     pip install -q -e ".[$extras]"
     echo "$want" > "$stamp"
 fi
+# DeepSpeed builds its CPU shared-memory collectives op just in time at every rank's first start
+# (75-100 s on 2 cores, long enough to look stalled); built here once, a re-run finds it cached.
+if [ "$deepspeed" -eq 1 ] && [ "$extras" = "${extras/gpu/}" ]; then
+    DS_ACCELERATOR=cpu "$py" -c 'from deepspeed.accelerator import get_accelerator
+get_accelerator().create_op_builder("ShareMemCommBuilder").load(verbose=False)' >/dev/null 2>&1 \
+        && say "deepspeed: $("$py" -c 'import importlib.metadata as m; print(m.version("deepspeed"))') installed, its CPU op built" \
+        || say "deepspeed: its CPU op did not build (needs g++); each first start builds it or falls back to Gloo"
+fi
 # The fast-jpeg extra (simplejpeg) from a wheel only: where none exists for this platform the
 # data pipeline decodes with Pillow instead, so a failure here is reported, not fatal.
 if "$py" -c 'import simplejpeg' 2>/dev/null; then

@@ -2,7 +2,9 @@
 
 Save protocol (every rank calls `save`, at the same step):
   1. `prepare`: rank 0 removes a leftover temporary directory of that step and creates it; barrier
-  2. `write`: every rank writes its named files, then its own file (state that differs per
+  2. `write_sharded` (where a sharded state is saved, a collective in the training thread):
+     every rank writes its part of it in its library's format, fsynced; then
+     `write`: every rank writes its named files, then its own file (state that differs per
      rank), each as NAME.partial, fsynced, renamed to NAME: a rank file present means that
      rank is done; then "the peers are done" (a barrier, or for a background write rank 0
      polling for every rank file: no collective may run outside the training thread)
@@ -70,11 +72,14 @@ class CheckpointManager:
         return layout.list_complete(self.root)
 
     def save(self, step: int, replicated: dict, per_rank: dict, meta: dict,
-             files: dict[str, dict] | None = None) -> Path:
+             files: dict[str, dict] | None = None,
+             sharded: Callable[[Path], None] | None = None) -> Path:
         """The whole protocol, with barriers (every rank, same step). `files`: more named files
         this rank writes (a pipeline stage's state, written by one rank per stage); read back
-        with `load_file`."""
+        with `load_file`. `sharded`: writes this rank's part of a sharded state (every rank)."""
         self.prepare(step)
+        if sharded is not None:
+            self.write_sharded(step, sharded)
         final = self.write(step, replicated, per_rank, meta, files)
         # Nobody leaves before rank 0 is done: a rank that exits right after a stop-save would
         # make mpirun tear down rank 0 in the middle of writing.
@@ -88,6 +93,22 @@ class CheckpointManager:
             shutil.rmtree(tmp, ignore_errors=True)   # a save of this step killed earlier
             tmp.mkdir()
         self.barrier()
+
+    def write_sharded(self, step: int, write: Callable[[Path], None]) -> None:
+        """Step 2a (every rank, after `prepare`): `write` puts this rank's part of a sharded
+        state into the temporary directory, in its library's format (which need not fsync);
+        its files are made durable here, before this rank's own file says it is done."""
+        tmp = self.root / layout.tmp_dir_name(step)
+        write(tmp)
+        # Only the subdirectories: the ranks' own files may be being written beside them.
+        parts = [path for part in tmp.iterdir() if part.is_dir() for path in (part, *part.rglob("*"))]
+        for path in sorted(parts, reverse=True):    # files before their directories
+            fsync_path(path)
+        fsync_path(tmp)
+
+    def sharded_dir(self, step: int, name: str) -> Path:
+        """Where the sharded state `name` of the complete checkpoint of `step` lies."""
+        return self.root / layout.step_dir_name(step) / name
 
     def write(self, step: int, replicated: dict, per_rank: dict, meta: dict,
               files: dict[str, dict] | None = None,

@@ -106,7 +106,8 @@ class Checkpointing:
                     f"checkpoint step {step} counts steps, not samples (made before progress was "
                     f"counted in samples): it resumes only on its own {self._saved_world_size} "
                     f"ranks, not {self.identity.size}. Fix: resume with the world size it was saved with")
-            self.states.load(replicated, per_rank, lambda name: self.manager.load_file(step, name))
+            self.states.load(replicated, per_rank, lambda name: self.manager.load_file(step, name),
+                             lambda name: self.manager.sharded_dir(step, name))
         except CheckpointMismatch:
             raise
         except CheckpointError as exc:
@@ -149,14 +150,17 @@ class Checkpointing:
         per_rank["rank"] = self.identity.rank
         meta = {"spec_hash": self.hash, "reason": reason}
         position = self.progress.state_dict()
+        sharded = self.states.save_sharded if self.states.sharded else None
         if self.asynchronous:
             replicated, per_rank, files = self.snapshot.take((replicated, per_rank, files))
             self.manager.prepare(step)
+            if sharded:
+                self.manager.write_sharded(step, sharded)   # a collective: before the thread
             blocked = time.perf_counter() - started
             self.writer.submit(lambda: self._write(step, reason, replicated, per_rank, files,
                                                    meta, started, blocked, position))
         else:
-            path = self.manager.save(step, replicated, per_rank, meta, files)
+            path = self.manager.save(step, replicated, per_rank, meta, files, sharded)
             self._saved(step, reason, path, started, time.perf_counter() - started, position)
         self.last_saved_step, self.last_save_time = step, time.monotonic()
         self.heartbeat.progress(phase=Phase.SAVED)

@@ -11,6 +11,8 @@ parts name theirs, and `CheckpointedState` says where each one lives on disk:
   absent after a world-size change, when components that can derive a fresh state do so.
 - named files (`stage-NNNNN.pt`): a pipeline stage's weights and optimizer, written by replica 0
   of that stage and read by every rank of it.
+- sharded (a subdirectory each): a component that every rank writes itself, in a collective, in
+  its library's own format (DeepSpeed's engine: each rank its shard), and reads back from there.
 
 Everything is tensors and plain Python data, so `torch.load(weights_only=True)` reads it.
 """
@@ -18,6 +20,7 @@ Everything is tensors and plain Python data, so `torch.load(weights_only=True)` 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Protocol
 
 import torch
@@ -32,6 +35,14 @@ class Stateful(Protocol):
     def state_dict(self) -> dict[str, Any]: ...
 
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+class ShardedStateful(Protocol):
+    """Written by every rank at once into its own directory of the checkpoint, and read back."""
+
+    def save_to(self, directory: Path) -> None: ...
+
+    def load_from(self, directory: Path) -> None: ...
 
 
 def unwrap(model: torch.nn.Module) -> torch.nn.Module:
@@ -140,21 +151,31 @@ class CheckpointedState:
     per_rank: dict[str, Stateful] = field(default_factory=dict)
     files: dict[str, dict[str, Stateful]] = field(default_factory=dict)
     writes_files: bool = True      # whether this rank writes `files` (one writer per file)
+    sharded: dict[str, ShardedStateful] = field(default_factory=dict)
+
+    def save_sharded(self, directory: Path) -> None:
+        """Every rank, together: each sharded component into `directory`/its name."""
+        for name, component in self.sharded.items():
+            component.save_to(directory / name)
 
     def capture(self) -> tuple[dict, dict, dict]:
         """(replicated, this rank's own, named extra files this rank writes) as plain data."""
         files = {name: _captured(parts) for name, parts in self.files.items()} if self.writes_files else {}
         return _captured(self.replicated), _captured(self.per_rank), files
 
-    def load(self, replicated: dict, per_rank: dict | None, load_file: Callable[[str], dict]) -> None:
-        """Replicated components first (in mapping order), then the named files, then this
-        rank's own (or fresh ones where the checkpoint has none for this rank)."""
+    def load(self, replicated: dict, per_rank: dict | None, load_file: Callable[[str], dict],
+             sharded_in: Callable[[str], Path] | None = None) -> None:
+        """Replicated components first (in mapping order), then the named files, then the
+        sharded ones (from the directory `sharded_in` names), then this rank's own (or fresh
+        ones where the checkpoint has none for this rank)."""
         for name, component in self.replicated.items():
             component.load_state_dict(replicated[name])
         for file_name, parts in self.files.items():
             saved = load_file(file_name)
             for name, component in parts.items():
                 component.load_state_dict(saved[name])
+        for name, component in self.sharded.items():
+            component.load_from(sharded_in(name))
         for name, component in self.per_rank.items():
             if per_rank is not None:
                 component.load_state_dict(per_rank[name])

@@ -33,6 +33,7 @@ from hpc_train.spec.schema import TOKEN_KINDS
 from hpc_train.train.ledger import SampleLedger
 from hpc_train.train.state import CheckpointedState, ModelBuffers, ModelWeights, Progress, RngStreams
 from hpc_train.train.checkpointing import Checkpointing
+from hpc_train.train.deepspeed_parts import DeepSpeedParts
 from hpc_train.train.data import DeviceInputs, build_loaders, normalizes_on_device, shutdown_workers
 from hpc_train.train.evaluation import evaluate_classifier
 from hpc_train.train.meters import Window
@@ -109,7 +110,8 @@ class DataParallelParts:
 
 
 PARTS: dict[Parallelism, PartsFactory] = {Parallelism.DATA_PARALLEL: DataParallelParts,
-                                          Parallelism.PIPELINE: PipelineParts}
+                                          Parallelism.PIPELINE: PipelineParts,
+                                          Parallelism.DEEPSPEED: DeepSpeedParts}
 
 
 def parts_for(layout: ParallelLayout) -> PartsFactory:
