@@ -34,8 +34,8 @@ OWNED_ZERO = {"stage": "parallel.deepspeed.stage", "offload_optimizer":
               "parallel.deepspeed.offload_optimizer", "offload_param": "parallel.deepspeed.offload_params",
               "overlap_comm": "parallel.deepspeed.overlap_comm"}
 CONFIG_KEY = "parallel.deepspeed.config"
-INSTALL_FIX = ("install the extra: bash env/setup.sh --deepspeed, or pip install -e '.[deepspeed]' "
-               "into the job's environment; or set parallel.backend: ddp")
+INSTALL_FIX = ("install the extra: bash env/setup.sh (installs it unless --no-deepspeed), or pip "
+               "install -e '.[deepspeed]' after torch; or set parallel.backend: ddp")
 
 
 def installed() -> bool:
