@@ -25,6 +25,16 @@ needs_deepspeed = pytest.mark.skipif(not deepspeed_config.installed(),
                                      reason="DeepSpeed not installed (extra `deepspeed`)")
 
 
+# Tiny runs of the two shipped CPU jobs: a ResNet on synthetic images, gpt on text.
+SMOKE = ("data.kind=synthetic", "data.train_samples=256", "data.val_samples=64", "data.image_size=16",
+         "data.workers=0", "data.batch_size=16", "optim.epochs=1", "log.every_steps=1",
+         "checkpoint.every_steps=null", "checkpoint.keep_last=10")
+GPT = ("slurm.tasks_per_node=2", "parallel.pipeline.stages=1", "parallel.pipeline.microbatches=1",
+       "data.train_samples=128", "data.val_samples=32", "data.seq_len=32", "data.batch_size=8",
+       "model.options={layers: 2, dim: 32, heads: 2}", "optim.warmup_epochs=0", "log.every_steps=1")
+RUNS = {"smoke": ("jobs/smoke.yaml", SMOKE), "gpt": ("jobs/transformer_pipeline_cpu.yaml", GPT)}
+
+
 def spec_with(*overrides: str, spec_file: str = "jobs/smoke.yaml"):
     """The overrides with parallel.backend deepspeed; a refused spec as its problems' lines."""
     try:
@@ -107,6 +117,17 @@ def test_keys_deepspeed_knows_pass():
                                "1000000, contiguous_gradients: true}, wall_clock_breakdown: false}")) == []
 
 
+@pytest.mark.parametrize("spec_file, overrides", [("jobs/smoke.yaml", ()),
+                                                   ("jobs/transformer_pipeline_cpu.yaml", GPT)])
+def test_the_backend_alone_picks_the_zero_parts(spec_file, overrides):
+    from hpc_train.parallel.layout import Parallelism
+    from hpc_train.train.deepspeed_parts import DeepSpeedParts
+    from hpc_train.train.trainer import parts_for
+
+    spec = spec_with(*overrides, spec_file=spec_file)
+    assert spec.parallelism is Parallelism.DEEPSPEED and parts_for(spec.layout) is DeepSpeedParts
+
+
 def test_shards_load_only_at_their_world_size():
     from hpc_train.train.deepspeed_parts import ZeroShape
 
@@ -116,13 +137,6 @@ def test_shards_load_only_at_their_world_size():
 
 
 # ----------------------------------------------------------------------------- real runs
-SMOKE = ("data.kind=synthetic", "data.train_samples=256", "data.val_samples=64", "data.image_size=16",
-         "data.workers=0", "data.batch_size=16", "optim.epochs=1", "log.every_steps=1",
-         "checkpoint.every_steps=null", "checkpoint.keep_last=10")
-GPT = ("slurm.tasks_per_node=2", "parallel.pipeline.stages=1", "parallel.pipeline.microbatches=1",
-       "data.train_samples=128", "data.val_samples=32", "data.seq_len=32", "data.batch_size=8",
-       "model.options={layers: 2, dim: 32, heads: 2}", "optim.warmup_epochs=0", "log.every_steps=1")
-RUNS = {"smoke": ("jobs/smoke.yaml", SMOKE), "gpt": ("jobs/transformer_pipeline_cpu.yaml", GPT)}
 
 
 def first_loss(paths) -> float:
