@@ -2,10 +2,11 @@
 # One-command environment for hpc_train. Idempotent: every step checks before it acts, so a
 # second run finishes in well under a minute.
 #
-#   bash env/setup.sh [--no-system] [--no-horovod] [--no-slurm]
+#   bash env/setup.sh [--no-system] [--no-horovod] [--no-deepspeed] [--no-slurm]
 #
 # 1. System packages (root on Debian: installed with apt-get; otherwise: listed, with how to get them)
-# 2. .venv with torch (CPU build without a GPU), then this project with its test extras
+# 2. .venv with torch (CPU build without a GPU), then this project with its test extras and
+#    DeepSpeed (extra `deepspeed`, for parallel.backend: deepspeed; pure Python, after torch)
 # 3. Horovod 0.28.1 built against that torch (cached wheel; see env/install-horovod.sh)
 # 4. Demo data (real JPEGs -> HDF5 shards under data/) for jobs/smoke.yaml
 # 5. As root, where no Slurm answers: the project's single-node Slurm, left running
@@ -21,13 +22,15 @@ venv="$root/.venv"
 py="$venv/bin/python"
 system=1
 horovod=1
+deepspeed=1
 slurm=1
 for arg in "$@"; do
     case "$arg" in
         --no-system) system=0 ;;
         --no-horovod) horovod=0 ;;
+        --no-deepspeed) deepspeed=0 ;;
         --no-slurm) slurm=0 ;;
-        -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
         *) echo "unknown option: $arg (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -99,8 +102,10 @@ fi
 
 # Reinstall the project only when its metadata changed (keeps a re-run fast). On a GPU machine
 # also the NVML binding (extra `gpu`), with which ranks sample GPU use for `report`.
+# DeepSpeed (extra `deepspeed`) comes after torch, so pip keeps that torch build.
 extras=test
 if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then extras=test,gpu; fi
+[ "$deepspeed" -eq 1 ] && extras="$extras,deepspeed"
 stamp="$venv/.hpc_train-setup-stamp"
 want="$(sha256sum pyproject.toml | cut -d' ' -f1) $extras"
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && "$py" -c 'import hpc_train, submitit, h5py, mpi4py' 2>/dev/null; then
@@ -109,6 +114,14 @@ else
     say "project: installing hpc_train[$extras] (editable) and its dependencies"
     pip install -q -e ".[$extras]"
     echo "$want" > "$stamp"
+fi
+# DeepSpeed builds its CPU shared-memory collectives op just in time at every rank's first start
+# (75-100 s on 2 cores, long enough to look stalled); built here once, a re-run finds it cached.
+if [ "$deepspeed" -eq 1 ] && [ "$extras" = "${extras/gpu/}" ]; then
+    DS_ACCELERATOR=cpu "$py" -c 'from deepspeed.accelerator import get_accelerator
+get_accelerator().create_op_builder("ShareMemCommBuilder").load(verbose=False)' >/dev/null 2>&1 \
+        && say "deepspeed: $("$py" -c 'import importlib.metadata as m; print(m.version("deepspeed"))') installed, its CPU op built" \
+        || say "deepspeed: its CPU op did not build (needs g++); each first start builds it or falls back to Gloo"
 fi
 # The fast-jpeg extra (simplejpeg) from a wheel only: where none exists for this platform the
 # data pipeline decodes with Pillow instead, so a failure here is reported, not fatal.

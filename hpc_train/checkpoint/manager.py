@@ -80,7 +80,7 @@ class CheckpointManager:
         (step 1b; every rank); read back from `sharded_part`."""
         self.prepare(step)
         if sharded is not None:
-            sharded(self.sharded_temporary(step))
+            self.write_sharded(step, sharded)
         final = self.write(step, replicated, per_rank, meta, files)
         # Nobody leaves before rank 0 is done: a rank that exits right after a stop-save would
         # make mpirun tear down rank 0 in the middle of writing.
@@ -98,6 +98,17 @@ class CheckpointManager:
     def sharded_temporary(self, step: int) -> Path:
         """Where step 1b writes the shards of `step`, after `prepare`."""
         return self.root / layout.tmp_dir_name(step) / layout.SHARDED
+
+    def write_sharded(self, step: int, write: Callable[[Path], None]) -> None:
+        """Step 1b (every rank, after `prepare`): `write` puts this rank's shards into the
+        temporary directory's `sharded/`, in its library's format (which need not fsync); they
+        are made durable here, before this rank's own file says it is done."""
+        directory = self.sharded_temporary(step)
+        write(directory)
+        if directory.is_dir():
+            for path in sorted((directory, *directory.rglob("*")), reverse=True):   # files first
+                fsync_path(path)
+            fsync_path(directory.parent)
 
     def sharded_part(self, step: int) -> Path | None:
         """The sharded directory of the complete checkpoint of `step`; None if it has none."""

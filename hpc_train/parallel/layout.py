@@ -26,6 +26,7 @@ class Parallelism(str, Enum):
     DATA_PARALLEL = "data_parallel"   # the whole model on every rank, gradients averaged
     PIPELINE = "pipeline"             # a block list cut into stages (one stage or more)
     FSDP = "fsdp"                     # the model sharded over the ranks (torch FSDP2)
+    DEEPSPEED = "deepspeed"           # DeepSpeed's ZeRO engine: state sharded over the ranks
 
 
 class LayoutError(ValueError):

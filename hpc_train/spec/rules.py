@@ -12,6 +12,7 @@ from dataclasses import replace
 
 from hpc_train.launch.network import MPI_INTERFACE_VARS, RANK_INTERFACE_VARS
 from hpc_train.spec.fsdp_rules import FSDP_ERROR_RULES, FSDP_WARNING_RULES
+from hpc_train.spec.deepspeed_rules import DEEPSPEED_ERROR_RULES
 from hpc_train.spec.node_range import NODE_RANGE_ERROR_RULES
 from hpc_train.spec.pipeline_rules import PIPELINE_ERROR_RULES, PIPELINE_WARNING_RULES
 from hpc_train.spec.problems import Problem
@@ -145,7 +146,8 @@ def pmi_needs_srun(spec: JobSpec) -> Iterator[Problem]:
 ERROR_RULES: tuple[Rule, ...] = (hdf5_needs_path, signal_before_limit, keep_every_needs_period,
                                  one_rank_per_gpu, one_network_setting, copy_to_on_the_node,
                                  *PIPELINE_ERROR_RULES, *THROUGHPUT_ERROR_RULES,
-                                 *NODE_RANGE_ERROR_RULES, *FSDP_ERROR_RULES)
+                                 *NODE_RANGE_ERROR_RULES, *FSDP_ERROR_RULES,
+                                 *DEEPSPEED_ERROR_RULES)
 WARNING_RULES: tuple[Rule, ...] = (idle_gpus, fixed_loss_scale_unused,
                                    warmup_shorter_than_training, milestones_within_training,
                                    path_unused, pmi_needs_srun, copy_to_unused,

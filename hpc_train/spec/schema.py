@@ -297,10 +297,29 @@ class FsdpSpec:
 
 
 @dataclass(frozen=True)
+class DeepSpeedSpec:
+    """DeepSpeed ZeRO (parallel.backend: deepspeed): what each rank keeps a shard of, and the
+    rest of DeepSpeed's config (parallel/deepspeed_config.py builds the whole of it)."""
+    stage: int = spec_field(1, doc="ZeRO stage: 1 shards the optimizer state over the ranks, 2 "
+                            "also the gradients, 3 also the parameters", ge=1, le=3)
+    offload_optimizer: Literal["none", "cpu"] = spec_field(
+        "none", doc="cpu: keep the optimizer state in host memory and step it there (ZeRO-Offload)")
+    offload_params: Literal["none", "cpu"] = spec_field(
+        "none", doc="cpu: keep the parameters in host memory between their uses (stage 3 only)")
+    overlap_comm: bool = spec_field(False, doc="reduce gradients while backward goes on (more "
+                                    "memory for the buckets)")
+    config: dict[str, Any] = spec_field(
+        factory=dict, doc="more of DeepSpeed's config, passed through as given; checked against "
+        "DeepSpeed's own config model at validate. Keys the spec owns (batch, accumulation, "
+        "clipping, precision, optimizer, the ZeRO keys above) are refused", example="{steps_per_print: 100}")
+
+
+@dataclass(frozen=True)
 class ParallelSpec:
-    backend: Literal["horovod", "ddp", "fsdp"] = spec_field(
+    backend: Literal["horovod", "ddp", "fsdp", "deepspeed"] = spec_field(
         "horovod", doc="data-parallel library: horovod, ddp (replicated), fsdp (torch FSDP2, "
-        "sharded; parallel.fsdp)")
+        "sharded; parallel.fsdp), deepspeed (DeepSpeed's ZeRO engine, the `deepspeed` extra; "
+        "parallel.deepspeed says what it shards)")
     accumulation: int = spec_field(1, doc="backward passes per optimizer step", ge=1)
     compression: Literal["none", "fp16"] = spec_field(
         "none", doc="gradient compression on the wire: fp16 halves the allreduce bytes "
@@ -308,6 +327,7 @@ class ParallelSpec:
     pipeline: PipelineSpec = field(default_factory=PipelineSpec)
     horovod: HorovodSpec = field(default_factory=HorovodSpec)
     fsdp: FsdpSpec = field(default_factory=FsdpSpec)
+    deepspeed: DeepSpeedSpec = field(default_factory=DeepSpeedSpec)
     # A resume on another world size (spec/global_batch.py, slurm/resume.py).
     keep_global_batch: bool = spec_field(
         False, doc="on a resume at another world size, keep the last checkpoint's samples per "
@@ -395,11 +415,14 @@ class JobSpec:
 
     @property
     def parallelism(self) -> Parallelism:
-        """FSDP for parallel.backend fsdp (stages > 1 is refused by a rule); else the pipeline
-        for stages > 1 or a block-list model (gpt; one stage is then plain data parallelism of
-        the block list), data parallelism for the rest."""
+        """FSDP for parallel.backend fsdp and DeepSpeed's engine for deepspeed (stages > 1 is
+        refused by a rule for both; gpt runs whole on every rank); else the pipeline for
+        stages > 1 or a block-list model (gpt; one stage is then plain data parallelism of the
+        block list), data parallelism for the rest."""
         if self.parallel.backend == "fsdp":
             return Parallelism.FSDP
+        if self.parallel.backend == "deepspeed":
+            return Parallelism.DEEPSPEED
         pipeline = self.uses_pipeline or model_entry(self.model.name).block_list
         return Parallelism.PIPELINE if pipeline else Parallelism.DATA_PARALLEL
 

@@ -153,17 +153,18 @@ class Checkpointing:
         per_rank["rank"] = self.identity.rank
         meta = {"spec_hash": self.hash, "reason": reason}
         position = self.progress.state_dict()
+        writes = self.states.sharded is not None and self.states.sharded.writes
+        sharded = self.states.save_sharded if writes else None
         if self.asynchronous:
             replicated, per_rank, files = self.snapshot.take((replicated, per_rank, files))
             self.manager.prepare(step)
-            # Shards are written here, in the training thread: DCP's save is a collective.
-            self.states.save_sharded(self.manager.sharded_temporary(step))
+            if sharded:      # here, in the training thread: the shards' save is a collective
+                self.manager.write_sharded(step, sharded)
             blocked = time.perf_counter() - started
             self.writer.submit(lambda: self._write(step, reason, replicated, per_rank, files,
                                                    meta, started, blocked, position))
         else:
-            path = self.manager.save(step, replicated, per_rank, meta, files,
-                                     sharded=self.states.save_sharded)
+            path = self.manager.save(step, replicated, per_rank, meta, files, sharded=sharded)
             self._saved(step, reason, path, started, time.perf_counter() - started, position)
         self.last_saved_step, self.last_save_time = step, time.monotonic()
         self.heartbeat.progress(phase=Phase.SAVED)

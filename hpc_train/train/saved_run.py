@@ -18,6 +18,7 @@ from hpc_train.checkpoint.manager import CheckpointManager
 from hpc_train.checkpoint.sharded import whole_state
 from hpc_train.errors import CheckpointError, UsageError
 from hpc_train.models import build_model
+from hpc_train.parallel.layout import Parallelism
 from hpc_train.rundir import RunPaths
 
 
@@ -30,6 +31,10 @@ def open_run(run_dir: str | Path):
         raise UsageError(f"{run_dir} is not a run directory: it has no {paths.spec.name}. "
                          "Fix: give a directory that `submit` created (runs/<name>-<stamp>)")
     spec = load_spec(paths.spec)
+    if spec.parallelism is Parallelism.DEEPSPEED:
+        raise UsageError(f"{run_dir} trains with DeepSpeed ZeRO: its checkpoints are DeepSpeed's "
+                         "shards, which evaluate and export do not read yet. Its validation loss "
+                         "and accuracy are the \"split\": \"val\" lines of metrics.jsonl")
     if spec.model.name == "gpt":
         raise UsageError(f"{run_dir} trains gpt on the pipeline engine (a checkpoint file per "
                          "stage) or sharded by fsdp; evaluate and export take the image models (resnet*) only. Its "

@@ -11,9 +11,10 @@ parts name theirs, and `CheckpointedState` says where each one lives on disk:
   absent after a world-size change, when components that can derive a fresh state do so.
 - named files (`stage-NNNNN.pt`): a pipeline stage's weights and optimizer, written by replica 0
   of that stage and read by every rank of it.
-- sharded (`sharded/`, torch.distributed.checkpoint): a sharded model and optimizer (fsdp),
-  written by every rank in parallel and read at any world size (checkpoint/sharded.py); a
-  replicated job reads such a checkpoint into its whole model, and a sharded one a replicated.
+- sharded (`sharded/`): state that every rank writes itself, in a collective, in its library's
+  own format: fsdp's model and optimizer by torch.distributed.checkpoint, read at any world size
+  (checkpoint/sharded.py; a replicated job reads such a checkpoint into its whole model, and
+  fsdp a replicated one); DeepSpeed's engine, each rank its shard (parallel/deepspeed_engine.py).
 
 Everything is tensors and plain Python data, so `torch.load(weights_only=True)` reads it.
 """
@@ -171,14 +172,16 @@ class CheckpointedState:
 
     def load(self, replicated: dict, per_rank: dict | None, load_file: Callable[[str], dict],
              sharded: Path | None = None) -> None:
-        """The sharded part (the checkpoint's `sharded` directory, or a sharded job's
-        components from a replicated checkpoint), the replicated components (in mapping order;
-        those the sharded part held are skipped), then the named files, then this rank's own
-        (or fresh ones where the checkpoint has none for this rank)."""
-        skipped = self._load_sharded(replicated, sharded)
+        """The replicated components (in mapping order; those the checkpoint's sharded part
+        holds are skipped), then the sharded part (the checkpoint's `sharded` directory, or a
+        sharded job's components from a replicated checkpoint), then the named files, then this
+        rank's own (or fresh ones where the checkpoint has none for this rank). Replicated
+        first: a component there may refuse the checkpoint before a library reads its shards."""
+        skipped = self.sharded.names if sharded is not None and self.sharded is not None else ()
         for name, component in self.replicated.items():
             if name not in skipped:
                 component.load_state_dict(replicated[name])
+        self._load_sharded(replicated, sharded)
         for file_name, parts in self.files.items():
             saved = load_file(file_name)
             for name, component in parts.items():
@@ -189,18 +192,17 @@ class CheckpointedState:
             elif hasattr(component, "fresh"):
                 component.fresh()
 
-    def _load_sharded(self, replicated: dict, directory: Path | None) -> tuple[str, ...]:
-        """Load the sharded part, if either side has one; the replicated names it stood for."""
+    def _load_sharded(self, replicated: dict, directory: Path | None) -> None:
+        """Load the sharded part, if either side has one."""
         if directory is None:
             if self.sharded is not None and self.sharded.writes:
                 self.sharded.load_replicated(replicated)
-            return ()
+            return
         if self.sharded is None:
             raise CheckpointMismatch(
                 f"the checkpoint's model is sharded ({directory}) and this kind of job (a "
                 "pipeline) cannot read it: resume with parallel.backend fsdp, or ddp without stages")
         self.sharded.load(directory)
-        return self.sharded.names
 
 
 def _captured(components: dict[str, Stateful]) -> dict[str, Any]:

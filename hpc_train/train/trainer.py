@@ -37,6 +37,7 @@ from hpc_train.train.state import (CheckpointedState, ModelBuffers, ModelWeights
                                    RngStreams, unwrap)
 from hpc_train.train.checkpointing import Checkpointing
 from hpc_train.train.fsdp_parts import FsdpParts
+from hpc_train.train.deepspeed_parts import DeepSpeedParts
 from hpc_train.train.data import DeviceInputs, build_loaders, normalizes_on_device, shutdown_workers
 from hpc_train.train.evaluation import evaluate_classifier
 from hpc_train.train.meters import Window
@@ -117,7 +118,8 @@ class DataParallelParts:
 
 PARTS: dict[Parallelism, PartsFactory] = {Parallelism.DATA_PARALLEL: DataParallelParts,
                                           Parallelism.PIPELINE: PipelineParts,
-                                          Parallelism.FSDP: FsdpParts}
+                                          Parallelism.FSDP: FsdpParts,
+                                          Parallelism.DEEPSPEED: DeepSpeedParts}
 
 
 def parts_for(layout: ParallelLayout) -> PartsFactory:

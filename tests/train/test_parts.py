@@ -112,7 +112,7 @@ def test_a_class_with_the_members_is_accepted_and_one_without_is_not():
                           TrainingParts)
 
 
-@pytest.mark.parametrize("parts", [DataParallelParts, PipelineParts])
+@pytest.mark.parametrize("parts", list(PARTS.values()), ids=lambda c: c.__name__)
 def test_the_parts_of_each_parallelism_have_the_protocols_methods(parts):
     methods = [name for name, value in vars(TrainingParts).items()
                if inspect.isfunction(value) and not name.startswith("_")]

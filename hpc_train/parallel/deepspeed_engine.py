@@ -1,0 +1,76 @@
+"""DeepSpeed's ZeRO engine on the ranks our launcher started, and its own sharded checkpoint.
+
+Every `deepspeed` call of the package lives here (train/deepspeed_parts.py drives the engine
+through this module), imported inside functions: importing this module costs nothing, and the
+login node never imports DeepSpeed.
+
+Rank identity comes from our one function (launch/identity.py): DeepSpeed reads RANK,
+WORLD_SIZE and LOCAL_RANK from the environment, so they are set from it; the torch.distributed
+world is ours (`init_torch_distributed`: Gloo on CPUs, NCCL on GPUs, MASTER_ADDR:MASTER_PORT
+set by the driver), which DeepSpeed then joins instead of making its own.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from hpc_train.errors import CheckpointError, CheckpointMismatch
+from hpc_train.launch.identity import RankInfo
+from hpc_train.parallel.data_parallel import init_torch_distributed
+
+ENGINE_TAG = "zero"     # DeepSpeed's tag (its subdirectory) inside our step directory
+
+
+def identity_env(identity: RankInfo, device: torch.device) -> dict[str, str]:
+    """The variables DeepSpeed reads for who this rank is, and which accelerator it drives."""
+    return {"RANK": str(identity.rank), "WORLD_SIZE": str(identity.size),
+            "LOCAL_RANK": str(identity.local_rank), "LOCAL_WORLD_SIZE": str(identity.local_size),
+            "DS_ACCELERATOR": "cpu" if device.type == "cpu" else "cuda"}
+
+
+def start_engine(model: torch.nn.Module, optimizer: torch.optim.Optimizer, config: dict[str, Any],
+                 identity: RankInfo, device: torch.device):
+    """`deepspeed.initialize` of `model` with our `optimizer` and `config` (deepspeed_config.
+    engine_config), in our torch.distributed world: the engine, whose `optimizer` is the ZeRO
+    optimizer wrapping ours (its param_groups are ours: the loop's LR reaches them)."""
+    os.environ.update(identity_env(identity, device))
+    init_torch_distributed(identity.rank, identity.size, device)
+    import deepspeed
+
+    deepspeed.init_distributed(dist_backend="gloo" if device.type == "cpu" else "nccl",
+                               auto_mpi_discovery=False)
+    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
+    return engine
+
+
+class EngineShards:
+    """The engine's state in DeepSpeed's own format (a checkpoint's sharded part, `ShardedState`
+    of train/state.py): every rank writes its shard of the optimizer state (and of the
+    parameters with ZeRO-3) in parallel, a collective; rank 0 the module. It stands for no
+    replicated component, and loads from DeepSpeed's shards only."""
+
+    names: tuple[str, ...] = ()
+    writes = True
+
+    def __init__(self, engine):
+        self.engine = engine
+
+    def save(self, directory: Path) -> None:
+        self.engine.save_checkpoint(str(directory), tag=ENGINE_TAG, save_latest=False)
+
+    def load(self, directory: Path) -> None:
+        # Our schedule sets the LR each step; the engine has no scheduler of its own.
+        loaded, _ = self.engine.load_checkpoint(str(directory), tag=ENGINE_TAG,
+                                                load_lr_scheduler_states=False)
+        if loaded is None:
+            raise CheckpointError(f"{directory} holds no DeepSpeed checkpoint tagged {ENGINE_TAG!r}")
+
+    def load_replicated(self, replicated: dict) -> None:
+        raise CheckpointMismatch(
+            "this checkpoint holds a whole model (a ddp, horovod or pipeline run), and a DeepSpeed "
+            "run loads DeepSpeed's own shards only. Fix: resume with the backend it was saved "
+            "with, or start the DeepSpeed run afresh")
