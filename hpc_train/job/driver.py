@@ -53,7 +53,10 @@ def rendezvous_ports(job_id: str | None, tries: int = 10) -> list[int]:
 
 
 def port_is_free(port: int) -> bool:
+    """Whether nothing listens on `port` here. SO_REUSEADDR as torch's TCPStore binds: a port
+    whose last connections linger in TIME_WAIT (runs started back to back) is free for it."""
     with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             probe.bind(("", port))
         except OSError:
