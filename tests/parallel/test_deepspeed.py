@@ -12,8 +12,10 @@ import sys
 
 import pytest
 
+from hpc_train.checkpoint import layout
 from hpc_train.errors import CheckpointMismatch
 from hpc_train.parallel import deepspeed_config
+from hpc_train.parallel.deepspeed_engine import ENGINE_TAG
 from hpc_train.spec import load_spec
 from hpc_train.spec.problems import SpecInvalid
 from hpc_train.spec.rules import check_spec
@@ -173,7 +175,7 @@ def test_zero_trains_and_its_first_step_is_ddps(job, stage, tmp_path, ddp_first_
     assert {e["rank"] for e in finished} == {0, 1}
     assert first_loss(paths) == pytest.approx(ddp_first_loss(job), abs=1e-6)
     [final] = [p for p in paths.checkpoints.iterdir() if p.name.startswith("step-")]
-    shards = sorted(p.name for p in (final / "deepspeed" / "zero").iterdir())
+    shards = sorted(p.name for p in (final / layout.SHARDED / ENGINE_TAG).iterdir())
     assert [n for n in shards if "optim_states" in n] == [
         f"zero_pp_rank_{r}_mp_rank_00_optim_states.pt" for r in (0, 1)]   # every rank its shard
 
@@ -181,8 +183,6 @@ def test_zero_trains_and_its_first_step_is_ddps(job, stage, tmp_path, ddp_first_
 def engine_tensors(paths, step: int) -> dict:
     """Every tensor of the DeepSpeed shards of checkpoint `step`, by file and path."""
     import torch
-
-    from hpc_train.checkpoint import layout
 
     found = {}
 
@@ -196,7 +196,7 @@ def engine_tensors(paths, step: int) -> dict:
             for i, item in enumerate(value):
                 walk(item, f"{where}[{i}]")
 
-    directory = paths.checkpoints / layout.step_dir_name(step) / "deepspeed" / "zero"
+    directory = paths.checkpoints / layout.step_dir_name(step) / layout.SHARDED / ENGINE_TAG
     for path in sorted(directory.iterdir()):
         walk(torch.load(path, map_location="cpu", weights_only=False), path.name)
     return found
