@@ -45,7 +45,7 @@ declare -A deb_probe=(
     [munge]="munged" [slurmctld]="slurmctld" [slurmd]="slurmd" [slurm-client]="sbatch"
     [slurmdbd]="slurmdbd" [mariadb-server-core]="mariadbd" [mariadb-client-core]="mariadb"
     [g++]="g++" [make]="make" [cmake]="cmake" [hdf5-tools]="h5ls"
-    # the 2-node Slurm on one machine (env/slurm/start.sh --nodes 2): namespaces, bridge, veths
+    # the multi-node Slurm on one machine (env/slurm/start.sh --nodes 3): namespaces, bridge, veths
     [iproute2]="ip" [util-linux]="nsenter"
 )
 missing=()

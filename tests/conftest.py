@@ -58,9 +58,11 @@ class SlurmCluster:
         state = ""
         while time.monotonic() < deadline:
             out = subprocess.run(["sacct", "-n", "-X", "-P", "-j", job_id, "-o", "State"],
-                                 capture_output=True, text=True, timeout=20, env=self.env).stdout.split()
-            # The last row: a requeued job's latest run, a shrunk job's record after its resize.
-            state = out[-1] if out else ""
+                                 capture_output=True, text=True, timeout=20, env=self.env).stdout
+            # The last row ("CANCELLED by 0": its first word): a requeued job's latest run, a
+            # shrunk job's record after its resize.
+            rows = [row.split()[0] for row in out.splitlines() if row.strip()]
+            state = rows[-1] if rows else ""
             if state in states:
                 return state
             time.sleep(1)
