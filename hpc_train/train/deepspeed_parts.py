@@ -16,20 +16,17 @@ checkpoint, which re-cuts them, is not wired).
 
 from __future__ import annotations
 
-from typing import Callable, ContextManager
-
 import torch
 
 from hpc_train.errors import CheckpointMismatch
-from hpc_train.models import build_model
 from hpc_train.models.gpt import lm_loss
 from hpc_train.parallel.data_parallel import TorchCollectives
 from hpc_train.parallel.deepspeed_config import engine_config
 from hpc_train.parallel.deepspeed_engine import EngineShards, start_engine
 from hpc_train.spec.schema import TOKEN_KINDS
-from hpc_train.train.evaluation import evaluate_classifier
 from hpc_train.train.optim import build_optimizer
 from hpc_train.train.precision import Precision
+from hpc_train.train.sharded_model import build_job_model, evaluate_in_step
 from hpc_train.train.state import CheckpointedState, ModelBuffers
 from hpc_train.train.timing import NO_CLOCK
 
@@ -54,30 +51,6 @@ class ZeroShape:
                 f"ranks with parallel.deepspeed.stage: {saved[1]}")
 
 
-def whole_model(spec) -> torch.nn.Module:
-    """The spec's model, whole (gpt as its block list, which ZeRO shards like any module)."""
-    if spec.data.kind in TOKEN_KINDS:
-        return build_model("gpt", spec.data.vocab_size, spec.model.options, seq_len=spec.data.seq_len)
-    return build_model(spec.model.name, spec.data.num_classes, spec.model.options)
-
-
-@torch.no_grad()
-def evaluate_lm(model: torch.nn.Module, batches, autocast: Callable[[], ContextManager],
-                tick: Callable[[], None]) -> torch.Tensor:
-    """This rank's (loss sum, correct next tokens, tokens) over `batches`, float64."""
-    model.eval()
-    totals = torch.zeros(3, dtype=torch.float64)
-    for inputs, targets in batches:
-        tick()
-        with autocast():
-            logits = model(inputs)
-        tokens = targets.numel()
-        totals += torch.tensor([lm_loss(logits, targets).item() * tokens,
-                                (logits.argmax(-1) == targets).sum().item(), tokens],
-                               dtype=torch.float64)
-    return totals
-
-
 class DeepSpeedParts:
     """The `TrainingParts` of a ZeRO job: DeepSpeed's engine over the whole model."""
 
@@ -85,7 +58,7 @@ class DeepSpeedParts:
         self.spec, self.device = spec, device
         self.tokens = spec.data.kind in TOKEN_KINDS
         torch.manual_seed(spec.run.seed)   # the same initial weights on every rank
-        model = whole_model(spec).to(device)
+        model = build_job_model(spec).to(device)
         optimizer = build_optimizer(spec.optim, model.parameters(), lr=spec.scaled_lr)
         self.engine = start_engine(model, optimizer, engine_config(spec), identity, device)
         self.model = self.engine           # a Module: train()/eval() reach the wrapped model
@@ -121,8 +94,7 @@ class DeepSpeedParts:
         return total, True
 
     def evaluate(self, val_batches, tick) -> torch.Tensor:
-        if self.tokens:
-            return evaluate_lm(self.engine, val_batches, self.precision.autocast, tick)
-        totals = evaluate_classifier(self.engine, val_batches, self.device, self.precision.autocast,
-                                     self.spec.data.num_classes, tick)
-        return totals[:3].clone()
+        """This rank's (loss sum, correct, count); every forward in step with the other ranks'
+        (ZeRO-3 gathers the parameters in each)."""
+        return evaluate_in_step(self.engine, self.spec, self.device, val_batches,
+                                self.precision.autocast, tick, self.backend.allreduce_sum)
