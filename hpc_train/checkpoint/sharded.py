@@ -29,6 +29,7 @@ class ShardedModelState:
     (a sharded job); a replicated job keeps its replicated save and only reads sharded ones."""
 
     names = ("model", "optimizer")   # what a replicated checkpoint calls them
+    format = "dcp"
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, writes: bool = True):
         self.model, self.optimizer, self.writes = model, optimizer, writes

@@ -55,6 +55,7 @@ class EngineShards:
 
     names: tuple[str, ...] = ()
     writes = True
+    format = "deepspeed"
 
     def __init__(self, engine):
         self.engine = engine

@@ -110,7 +110,7 @@ class Checkpointing:
                     f"counted in samples): it resumes only on its own {self._saved_world_size} "
                     f"ranks, not {self.identity.size}. Fix: resume with the world size it was saved with")
             self.states.load(replicated, per_rank, lambda name: self.manager.load_file(step, name),
-                             self.manager.sharded_part(step))
+                             self.manager.sharded_part(step), meta.get("sharded"))
         except CheckpointMismatch:
             raise
         except CheckpointError as exc:
@@ -153,8 +153,9 @@ class Checkpointing:
         per_rank["rank"] = self.identity.rank
         meta = {"spec_hash": self.hash, "reason": reason}
         position = self.progress.state_dict()
-        writes = self.states.sharded is not None and self.states.sharded.writes
-        sharded = self.states.save_sharded if writes else None
+        sharded = self.states.save_sharded if self.states.writes_sharded else None
+        if sharded:
+            meta["sharded"] = self.states.writes_sharded     # which library's shards, at resume
         if self.asynchronous:
             replicated, per_rank, files = self.snapshot.take((replicated, per_rank, files))
             self.manager.prepare(step)

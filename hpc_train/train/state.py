@@ -44,6 +44,7 @@ class ShardedState(Protocol):
 
     names: tuple[str, ...]   # what a replicated checkpoint calls the components it holds
     writes: bool             # saved this way by this job (else only read, from a sharded save)
+    format: str              # the library's format ("dcp", "deepspeed"): the only one it reads
 
     def save(self, directory: Path) -> None: ...
 
@@ -160,9 +161,14 @@ class CheckpointedState:
     writes_files: bool = True      # whether this rank writes `files` (one writer per file)
     sharded: ShardedState | None = None   # saved by every rank into `sharded/` when it writes
 
+    @property
+    def writes_sharded(self) -> str | None:
+        """The format of the sharded part this job saves; None when it saves none."""
+        return self.sharded.format if self.sharded is not None and self.sharded.writes else None
+
     def save_sharded(self, directory: Path) -> None:
         """Every rank, in the training thread (a collective): the sharded part into `directory`."""
-        if self.sharded is not None and self.sharded.writes:
+        if self.writes_sharded:
             self.sharded.save(directory)
 
     def capture(self) -> tuple[dict, dict, dict]:
@@ -171,17 +177,18 @@ class CheckpointedState:
         return _captured(self.replicated), _captured(self.per_rank), files
 
     def load(self, replicated: dict, per_rank: dict | None, load_file: Callable[[str], dict],
-             sharded: Path | None = None) -> None:
+             sharded: Path | None = None, sharded_format: str | None = None) -> None:
         """The replicated components (in mapping order; those the checkpoint's sharded part
         holds are skipped), then the sharded part (the checkpoint's `sharded` directory, or a
         sharded job's components from a replicated checkpoint), then the named files, then this
         rank's own (or fresh ones where the checkpoint has none for this rank). Replicated
-        first: a component there may refuse the checkpoint before a library reads its shards."""
+        first: a component there may refuse the checkpoint before a library reads its shards.
+        sharded_format: what the checkpoint says its sharded part is in (its meta)."""
         skipped = self.sharded.names if sharded is not None and self.sharded is not None else ()
         for name, component in self.replicated.items():
             if name not in skipped:
                 component.load_state_dict(replicated[name])
-        self._load_sharded(replicated, sharded)
+        self._load_sharded(replicated, sharded, sharded_format)
         for file_name, parts in self.files.items():
             saved = load_file(file_name)
             for name, component in parts.items():
@@ -192,16 +199,20 @@ class CheckpointedState:
             elif hasattr(component, "fresh"):
                 component.fresh()
 
-    def _load_sharded(self, replicated: dict, directory: Path | None) -> None:
-        """Load the sharded part, if either side has one."""
+    def _load_sharded(self, replicated: dict, directory: Path | None, saved: str | None) -> None:
+        """Load the sharded part, if either side has one. A part in another library's format
+        (fsdp's and DeepSpeed's) is a refusal, not a damaged checkpoint to set aside."""
         if directory is None:
             if self.sharded is not None and self.sharded.writes:
                 self.sharded.load_replicated(replicated)
             return
-        if self.sharded is None:
+        reads = self.sharded.format if self.sharded is not None else None
+        if saved != reads:
             raise CheckpointMismatch(
-                f"the checkpoint's model is sharded ({directory}) and this kind of job (a "
-                "pipeline) cannot read it: resume with parallel.backend fsdp, or ddp without stages")
+                f"the checkpoint's model is sharded in {saved or 'an unknown'} format ({directory}) "
+                f"and this job reads {reads or 'no sharded part (a pipeline)'}: resume with the "
+                "parallel.backend it was saved with (fsdp: dcp, deepspeed: deepspeed), or ddp "
+                "without stages for an fsdp one")
         self.sharded.load(directory)
 
 

@@ -111,3 +111,39 @@ def test_a_key_added_since_the_checkpoint_counts_as_its_default():
     changed = {**current, "parallel": {**current["parallel"], "keep_global_batch": True}}
     with pytest.raises(CheckpointError, match="parallel.keep_global_batch"):
         check_spec(current, changed, allowed=False)
+
+
+class _Shards:
+    """A sharded part of some library's format that records what it was asked to do."""
+
+    names = ("model",)
+
+    def __init__(self, format: str, writes: bool = True):
+        self.format, self.writes, self.loaded = format, writes, []
+
+    def save(self, directory):
+        self.loaded.append(("save", directory))
+
+    def load(self, directory):
+        self.loaded.append(("load", directory))
+
+    def load_replicated(self, replicated):
+        self.loaded.append(("replicated", replicated))
+
+
+def test_a_sharded_part_of_another_librarys_format_is_refused_not_read(tmp_path):
+    # An fsdp checkpoint (dcp) resumed by a DeepSpeed job and back: a refusal (the resume
+    # stops and says why), never a load that fails and sets the checkpoint aside as damaged.
+    from hpc_train.errors import CheckpointMismatch
+    from hpc_train.train.state import CheckpointedState
+
+    for saved, reader in (("dcp", _Shards("deepspeed")), ("deepspeed", _Shards("dcp", writes=False)),
+                          ("dcp", None)):
+        with pytest.raises(CheckpointMismatch, match="sharded in"):
+            CheckpointedState({}, sharded=reader).load({}, None, dict, tmp_path, saved)
+        assert reader is None or reader.loaded == []
+    same = _Shards("dcp")
+    CheckpointedState({}, sharded=same).load({}, None, dict, tmp_path, "dcp")
+    assert same.loaded == [("load", tmp_path)]
+    assert CheckpointedState({}, sharded=same).writes_sharded == "dcp"
+    assert CheckpointedState({}, sharded=_Shards("dcp", writes=False)).writes_sharded is None
