@@ -4,6 +4,9 @@ command line for this host.
 The Slurm fixtures use a cluster that already answers (`sinfo`), or start the project's own
 (env/slurm/start.sh, with --nodes 3 for `slurm_nodes`) for the session and stop it afterwards.
 Under CI=true a missing cluster is a failure, never a skip: the end-to-end tests are the point.
+
+Tests marked `heavy` (the whole matrix of a feature, where CI runs a reduced form of it) run only
+on request: `pytest --heavy`, or HPC_TRAIN_HEAVY=1.
 """
 
 from __future__ import annotations
@@ -21,6 +24,24 @@ from hpc_train.launch.local import find_local_mpirun
 
 REPO = Path(__file__).resolve().parents[1]
 IN_CI = os.environ.get("CI", "").lower() == "true"
+
+
+def pytest_addoption(parser):
+    parser.addoption("--heavy", action="store_true",
+                     help="also run the tests marked heavy (whole matrices; CI runs reduced forms)")
+
+
+def heavy_requested(config) -> bool:
+    return config.getoption("--heavy") or os.environ.get("HPC_TRAIN_HEAVY") == "1"
+
+
+def pytest_collection_modifyitems(config, items):
+    if heavy_requested(config):
+        return
+    skip = pytest.mark.skip(reason="heavy: runs with --heavy or HPC_TRAIN_HEAVY=1 (CI runs its reduced form)")
+    for item in items:
+        if "heavy" in item.keywords:
+            item.add_marker(skip)
 
 
 def _unavailable(reason: str):

@@ -4,7 +4,8 @@ crops and flips, two data workers per rank, persistent workers):
 - stopped three ways (USR2 to the batch shell, `scontrol requeue`, `scancel --signal=TERM --full`)
   it ends COMPLETED with every rank's parameters bit-identical to the uninterrupted run, under
   Horovod and DDP alike, with asynchronous checkpoints (`checkpoint.write: async`, the shipped
-  default; the sync writer is covered by tests/train/test_resume_exact.py);
+  default; the sync writer is covered by tests/train/test_resume_exact.py), and under fsdp;
+  so does the shipped ZeRO-3 job (jobs/transformer_zero_cpu.yaml, every rank's DeepSpeed shards);
 - a rank frozen with SIGSTOP is named by `status` and `diagnose` while frozen, and the driver's
   watchdog requeues the job from its last checkpoint well before the time limit;
 - a rank that freezes on every run ends FAILED after its retries, never TIMEOUT;
@@ -35,7 +36,11 @@ from tests.runs import (assert_same_training, cli, describe_failure, events, log
 pytestmark = [pytest.mark.slurm, pytest.mark.mpi, pytest.mark.horovod, pytest.mark.slow]
 
 ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"}
+SMOKE, ZERO = "jobs/smoke.yaml", "jobs/transformer_zero_cpu.yaml"
 TOTAL_STEPS = 92            # jobs/smoke.yaml: 2 epochs of 46 steps
+# The ZeRO-3 job trains fast (about 10 steps a second here): three epochs (192 steps), stopped at
+# steps where the previous stop's resume is well behind it.
+ZERO_LONG, ZERO_STEPS, ZERO_STOPS = ["optim.epochs=3"], 192, (8, 70, 140)
 # Logging every step changes no number of the training; it lets the test act at a step and
 # compare the loss of every step.
 WATCH = ["log.every_steps=1"]
@@ -75,17 +80,22 @@ def jobs(slurm_cluster, tmp_path_factory):
     plan = {
         "stopped-horovod": (WATCH, _stop_three_ways),
         "stopped-ddp": (["parallel.backend=ddp", *WATCH], _stop_three_ways),
+        "stopped-fsdp": (["parallel.backend=fsdp", *WATCH], _stop_three_ways),
+        "stopped-zero3": ((ZERO, [*ZERO_LONG, *WATCH]), lambda j, p: _stop_three_ways(j, p, ZERO_STOPS)),
         "frozen-once": (FREEZE, _freeze_one_rank),
         "no-requeue": ([*WATCH, f"slurm.setup=[export PATH={fake}:$PATH]"], _usr2_at_step_8),
         "cancelled": (WATCH, _cancel_at_step_6),
         "frozen-always": ([*FREEZE, "launch.stall_seconds=20", "launch.env.HPC_TRAIN_FAULT=freeze:1:14"], None),
         "straight-horovod": (WATCH, None),
         "straight-ddp": (["parallel.backend=ddp", *WATCH], None),
+        "straight-fsdp": (["parallel.backend=fsdp", *WATCH], None),
+        "straight-zero3": ((ZERO, [*ZERO_LONG, *WATCH]), None),
     }
     submitted = {}
     with ThreadPoolExecutor(max_workers=len(plan)) as actors:
-        for name, (overrides, act) in plan.items():
-            job_id, paths = submit("jobs/smoke.yaml", root, f"run.name={name}", *overrides)
+        for name, (job, act) in plan.items():
+            spec_file, overrides = job if isinstance(job, tuple) else (SMOKE, job)
+            job_id, paths = submit(spec_file, root, f"run.name={name}", *overrides)
             slurm_cluster.job_ids.append(job_id)
             submitted[name] = Job(job_id, paths, actors.submit(act, job_id, paths) if act else None)
         yield submitted
@@ -93,11 +103,11 @@ def jobs(slurm_cluster, tmp_path_factory):
 
 # -- actors: what happens to each job while it runs (threads started by the fixture) -----------
 
-def _stop_three_ways(job_id: str, paths: RunPaths) -> list[dict]:
+def _stop_three_ways(job_id: str, paths: RunPaths, at_steps=(8, 24, 56)) -> list[dict]:
     """USR2 to the batch shell, then `scontrol requeue`, then TERM to every process; each while
     the run is training past the last one's resume. Returns when and how each stop was sent."""
     stops, since = [], 0.0
-    for kind, at_step in (("USR2", 8), ("scontrol requeue", 24), ("TERM --full", 56)):
+    for kind, at_step in zip(("USR2", "scontrol requeue", "TERM --full"), at_steps):
         wait_for(lambda: logged_step(paths, since) >= at_step, 600, f"step {at_step} of {paths.root.name}")
         sent = time.time()
         command = {"USR2": ["scancel", "--batch", "--signal=USR2", job_id],
@@ -157,8 +167,8 @@ def _ended(slurm_cluster, job: Job, timeout: float = 900) -> str:
 
 # -- the tests -----------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("backend", ["horovod", "ddp"])
-def test_smoke_job_stopped_three_ways_ends_bit_identical(backend, jobs, slurm_cluster):
+@pytest.mark.parametrize("backend", ["horovod", "ddp", "fsdp", "zero3"])
+def test_a_job_stopped_three_ways_ends_bit_identical(backend, jobs, slurm_cluster):
     job, straight = jobs[f"stopped-{backend}"], jobs[f"straight-{backend}"]
     stops = job.observed()
     for stop in stops:
@@ -183,12 +193,14 @@ def test_smoke_job_stopped_three_ways_ends_bit_identical(backend, jobs, slurm_cl
     assert "REQUEUED" in subprocess.run(["sacct", "-D", "-X", "-n", "-P", "-j", job.job_id, "-o", "State"],
                                         capture_output=True, text=True, timeout=30).stdout
     assert events(paths, "finished")[-1]["status"] == "completed"
+    # (Under fsdp and DeepSpeed each rank writes its shards in the training thread, a collective,
+    # and the rest in the background.)
     assert {e["mode"] for e in events(paths, "checkpoint_saved")} == {"async"}
     # The USR2 stop saved where the ranks agreed; the others resumed from the last checkpoint.
     assert stops[0]["resumed_from"] == events(paths, "stop_saved")[0]["step"]
 
     # Same steps, and every rank's parameters bit-identical to the uninterrupted run.
-    assert_same_training(paths, straight.paths, TOTAL_STEPS)
+    assert_same_training(paths, straight.paths, ZERO_STEPS if backend == "zero3" else TOTAL_STEPS)
 
 
 def test_frozen_rank_is_named_then_requeued_from_its_checkpoint(jobs, slurm_cluster):
