@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -60,8 +60,20 @@ class EngineShards:
     def __init__(self, engine):
         self.engine = engine
 
-    def save(self, directory: Path) -> None:
-        self.engine.save_checkpoint(str(directory), tag=ENGINE_TAG, save_latest=False)
+    def save(self, directory: Path, midway: Callable[[], None] = lambda: None) -> None:
+        """Every rank (a collective) its files; `midway` runs after each of this rank's."""
+        files = self.engine.checkpoint_engine
+        write = files.save
+
+        def save_then_midway(*args, **kwargs):
+            write(*args, **kwargs)
+            midway()
+
+        files.save = save_then_midway      # this instance only, for this save
+        try:
+            self.engine.save_checkpoint(str(directory), tag=ENGINE_TAG, save_latest=False)
+        finally:
+            del files.save
 
     def load(self, directory: Path) -> None:
         # Our schedule sets the LR each step; the engine has no scheduler of its own.

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import signal
 import sys
+import time
 
 import pytest
 
@@ -224,3 +225,33 @@ def test_a_stopped_zero_run_resumes_bit_identical(stage, tmp_path):
         assert torch.equal(expected[where], got[where]), where
     losses = {m["step"]: m["loss"] for m in metrics_after(straight, 0)}
     assert {m["step"]: m["loss"] for m in metrics_after(stopped, 0)} == losses
+
+
+@needs_deepspeed
+@pytest.mark.mpi
+@pytest.mark.slow
+def test_a_rank_killed_mid_save_leaves_the_previous_checkpoint(tmp_path):
+    """ZeRO-3: rank 1 SIGKILLs itself in the save of step 8 (the second epoch's end), between
+    its two state files (HPC_TRAIN_FAULT kill_in_save): the run dies, the half-written step
+    never counts, and the next run resumes from step 4 and trains on as the first one had."""
+    from hpc_train.slurm.resume import prepare_resume
+
+    paths = local_run(tmp_path, *SMOKE, "data.train_samples=128", "optim.epochs=2",
+                      "parallel.backend=deepspeed", "parallel.deepspeed.stage=3",
+                      "launch.restarts_in_job=0", "launch.env.HPC_TRAIN_FAULT=kill_in_save:1:8",
+                      name="killed")
+    assert drive(paths) != 0
+    assert layout.list_complete(paths.checkpoints) == [4]
+    half = paths.checkpoints / layout.tmp_dir_name(8) / layout.SHARDED / ENGINE_TAG
+    written = {p.name for p in half.iterdir()}
+    assert "zero_pp_rank_1_mp_rank_00_model_states.pt" in written        # its first file,
+    assert "zero_pp_rank_1_mp_rank_00_optim_states.pt" not in written    # not its second
+    first = {m["step"]: m["loss"] for m in metrics_after(paths, 0)}
+    assert max(first) == 8
+    prepare_resume(paths, ["launch.env.HPC_TRAIN_FAULT=''"], True)
+    started = time.time()
+    assert drive(paths) == 0
+    assert [e["from_checkpoint"] for e in events(paths, "resumed")] == [4]
+    assert layout.list_complete(paths.checkpoints) == [4, 8]
+    again = {m["step"]: m["loss"] for m in metrics_after(paths, started)}
+    assert again == {step: loss for step, loss in first.items() if step > 4}   # from its position
