@@ -47,6 +47,15 @@ def start_engine(model: torch.nn.Module, optimizer: torch.optim.Optimizer, confi
     return engine
 
 
+def whole_parameter(param: torch.nn.Parameter) -> torch.Tensor:
+    """A copy of the whole of a parameter that ZeRO-3 partitions, gathered from every rank (a
+    collective); the parameter is partitioned again after."""
+    import deepspeed
+
+    with deepspeed.zero.GatheredParameters([param]):
+        return param.detach().clone()
+
+
 class EngineShards:
     """The engine's state in DeepSpeed's own format (a checkpoint's sharded part, `ShardedState`
     of train/state.py): every rank writes its shard of the optimizer state (and of the
