@@ -10,6 +10,9 @@ directory, a rename and a completion marker, and retention. Measured, in alterna
   bare     one torch.save (page cache only), and one followed by fsync
   loop     a torch compute loop's rate while an async write runs, vs. without (the writer
            thread's share of the CPU and of the GIL)
+--sharded: an fsdp GPT's model and AdamW state on --ranks ranks (bench/checkpoint_rank.py),
+every rank writing its own part through CheckpointManager.write_sharded against rank 0 writing
+the whole state alone (torch.save + fsync, and our sync save of one rank), alternating rounds.
 """
 
 from __future__ import annotations
@@ -135,12 +138,61 @@ def measure(model_name: str, rounds: int, directory: Path) -> dict:
             "directory": str(directory)}
 
 
+# The larger GPT of --gpt large: about 25 M parameters, so fixed costs do not make the figure.
+LARGE_GPT = {"layers": 8, "dim": 512, "heads": 8}
+
+
+def measure_sharded(spec_file: str, gpt: str, ranks: int, rounds: int, directory: Path) -> dict:
+    """Rounds of the sharded save at `ranks` ranks against rank 0 saving the whole state."""
+    from hpc_train.bench.ranks import run_here
+    from hpc_train.spec import load_spec, spec_to_dict
+
+    overrides = ["parallel.backend=fsdp", f"slurm.tasks_per_node={ranks}"]
+    if gpt == "large":
+        overrides.append("model.options={" + ", ".join(f"{k}: {v}" for k, v in LARGE_GPT.items()) + "}")
+    spec = load_spec(spec_file, overrides)
+    results = run_here("bench-checkpoint", "hpc_train.bench.checkpoint_rank",
+                       {"spec": spec_to_dict(spec), "dir": str(directory), "rounds": rounds}, ranks,
+                       spec={"launch": {"env": {"OMP_NUM_THREADS": "1"}, "stall_seconds": 900}})
+    return sharded_report(results, spec_file, spec.model.options, rounds)
+
+
+def sharded_report(results: list[dict], spec_file: str, options: dict, rounds: int) -> dict:
+    """Medians of the ranks' rounds and the ratios (pure)."""
+    parts = [medians({"part": r["times"]["part"]})["part"] for r in results]
+    rank0 = medians(results[0]["times"])
+    slowest = max(parts)
+    return {"spec": spec_file, "model_options": options, "ranks": len(results), "rounds": rounds,
+            "state_mb": round(results[0]["state_bytes"] / 2**20, 1),
+            "part_s_per_rank": [round(p, 4) for p in parts], "part_slowest_s": round(slowest, 4),
+            "sharded_complete_s": round(rank0["complete"], 4),
+            "whole_bare_fsync_s": round(rank0["bare_fsync"], 4), "whole_sync_s": round(rank0["sync"], 4),
+            "part_slowest_vs_whole_bare_fsync": round(slowest / rank0["bare_fsync"], 3),
+            "sharded_complete_vs_whole_sync": round(rank0["complete"] / rank0["sync"], 3)}
+
+
+def print_sharded(r: dict) -> None:
+    print(f"sharded checkpoint save, gpt {r['model_options']} ({r['state_mb']} MB of model + AdamW "
+          f"state), {r['ranks']} ranks, median of {r['rounds']} alternating rounds:")
+    print(f"  each rank its part (write_sharded):       {', '.join(f'{p:.3f}' for p in r['part_s_per_rank'])} s")
+    print(f"  sharded save until the marker:            {r['sharded_complete_s']:.3f} s")
+    print(f"  rank 0 alone, torch.save + fsync:         {r['whole_bare_fsync_s']:.3f} s")
+    print(f"  rank 0 alone, ours (sync):                {r['whole_sync_s']:.3f} s")
+    print(f"  slowest part vs. whole torch.save + fsync: {r['part_slowest_vs_whole_bare_fsync']:.2f}x; "
+          f"sharded save vs. whole sync save: {r['sharded_complete_vs_whole_sync']:.2f}x")
+
+
 def main(args) -> int:
     base = Path(args.dir) if args.dir else None
     with tempfile.TemporaryDirectory(dir=base) as tmp:
-        result = measure(args.model, args.rounds, Path(tmp))
+        if args.sharded:
+            result = measure_sharded(args.spec, args.gpt, args.ranks, args.rounds, Path(tmp))
+        else:
+            result = measure(args.model, args.rounds, Path(tmp))
     if args.json:
         print(json.dumps(result, indent=2))
+    elif args.sharded:
+        print_sharded(result)
     else:
         r = result
         print(f"checkpoint save, {r['model']} ({r['model_mb']} MB of weights, plus momentum), "

@@ -63,6 +63,14 @@ def _add_checkpoint(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--rounds", type=positive_int, default=5, metavar="N", help="rounds each (5)")
     p.add_argument("--dir", metavar="DIR", help="where to write (default: the system temp dir); "
                    "use the file system your checkpoints live on")
+    p.add_argument("--sharded", action="store_true",
+                   help="an fsdp GPT on --ranks local ranks: every rank writing its own part "
+                        "(write_sharded) vs. rank 0 writing the whole model + optimizer state")
+    p.add_argument("--ranks", type=positive_int, default=4, metavar="N", help="--sharded: ranks (4)")
+    p.add_argument("--spec", default="jobs/transformer_zero_cpu.yaml", metavar="FILE",
+                   help="--sharded: the GPT spec (jobs/transformer_zero_cpu.yaml)")
+    p.add_argument("--gpt", choices=("spec", "large"), default="spec",
+                   help="--sharded: the spec's GPT, or a larger one (8 layers of 512: ~25 M parameters)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
 

@@ -17,7 +17,7 @@ names the optimizer's parameters by their model names, `optimizer.state_dict()` 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -47,11 +47,12 @@ class ShardedModelState:
                        optim_state_dict=state["optimizer"],
                        options=StateDictOptions(full_state_dict=full))
 
-    def save(self, directory: Path) -> None:
-        """Every rank, at the same step (a collective): its shards, then rank 0 the metadata."""
+    def save(self, directory: Path, midway: Callable[[], None] = lambda: None) -> None:
+        """Every rank, at the same step (a collective): its shards, then rank 0 the metadata;
+        `midway` runs once this rank's shards are written, before the metadata."""
         import torch.distributed.checkpoint as dcp
 
-        dcp.save(self._state(), checkpoint_id=str(directory))
+        dcp.save(self._state(), storage_writer=_writer(directory, midway))
 
     def load(self, directory: Path) -> None:
         """Every rank: a sharded job (a collective) the pieces of its own tensors, at any saved
@@ -85,6 +86,20 @@ class ShardedModelState:
         same groups of the same model, so its number i is this optimizer's i-th parameter."""
         name_of = {id(param): name for name, param in self.model.named_parameters()}
         return [name_of[id(p)] for group in self.optimizer.param_groups for p in group["params"]]
+
+
+def _writer(directory: Path, midway: Callable[[], None]):
+    """DCP's file-system writer, calling `midway` after this rank's data files."""
+    from torch.distributed.checkpoint import FileSystemWriter
+
+    class Writer(FileSystemWriter):
+        def write_data(self, plan, planner):
+            written = super().write_data(plan, planner)
+            written.wait()
+            midway()
+            return written
+
+    return Writer(str(directory))
 
 
 def whole_state(directory: Path) -> dict[str, Any]:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -47,6 +47,15 @@ def start_engine(model: torch.nn.Module, optimizer: torch.optim.Optimizer, confi
     return engine
 
 
+def whole_parameter(param: torch.nn.Parameter) -> torch.Tensor:
+    """A copy of the whole of a parameter that ZeRO-3 partitions, gathered from every rank (a
+    collective); the parameter is partitioned again after."""
+    import deepspeed
+
+    with deepspeed.zero.GatheredParameters([param]):
+        return param.detach().clone()
+
+
 class EngineShards:
     """The engine's state in DeepSpeed's own format (a checkpoint's sharded part, `ShardedState`
     of train/state.py): every rank writes its shard of the optimizer state (and of the
@@ -60,8 +69,20 @@ class EngineShards:
     def __init__(self, engine):
         self.engine = engine
 
-    def save(self, directory: Path) -> None:
-        self.engine.save_checkpoint(str(directory), tag=ENGINE_TAG, save_latest=False)
+    def save(self, directory: Path, midway: Callable[[], None] = lambda: None) -> None:
+        """Every rank (a collective) its files; `midway` runs after each of this rank's."""
+        files = self.engine.checkpoint_engine
+        write = files.save
+
+        def save_then_midway(*args, **kwargs):
+            write(*args, **kwargs)
+            midway()
+
+        files.save = save_then_midway      # this instance only, for this save
+        try:
+            self.engine.save_checkpoint(str(directory), tag=ENGINE_TAG, save_latest=False)
+        finally:
+            del files.save
 
     def load(self, directory: Path) -> None:
         # Our schedule sets the LR each step; the engine has no scheduler of its own.

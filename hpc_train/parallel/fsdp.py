@@ -81,10 +81,15 @@ def _gradient_sync(model, sync: bool) -> Iterator[None]:
 
 
 def full_parameters(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
-    """(name, the whole tensor) of every parameter; sharded ones are gathered (a collective:
-    every rank calls it, in the same order)."""
+    """(name, the whole tensor) of every parameter; sharded ones (FSDP's DTensors, the parts of
+    DeepSpeed ZeRO-3) are gathered (a collective: every rank calls it, in the same order)."""
     for name, param in sorted(model.named_parameters()):
-        yield name, param.full_tensor() if hasattr(param, "full_tensor") else param
+        if hasattr(param, "ds_id"):         # partitioned by ZeRO-3: DeepSpeed gathers it
+            from hpc_train.parallel.deepspeed_engine import whole_parameter
+
+            yield name, whole_parameter(param)
+        else:
+            yield name, param.full_tensor() if hasattr(param, "full_tensor") else param
 
 
 def local_numel(model: torch.nn.Module) -> int:

@@ -9,6 +9,10 @@ Set HPC_TRAIN_FAULT in the ranks' environment (e.g. through launch.env of a test
     slow_write:RANK:STEP:SECONDS  rank RANK's background write of the checkpoint of step STEP
                                sleeps SECONDS after its own files and before the marker (rank
                                0: before it finishes the checkpoint), while training goes on
+    kill_in_save:RANK:STEP     rank RANK sends itself SIGKILL in the middle of writing its part of
+                               the sharded checkpoint of step STEP: after its first files (DCP:
+                               its data file, before the .metadata; DeepSpeed: its first state
+                               file), before its part is complete and durable
     oom:RANK:STEP              rank RANK asks torch's allocator for 2**50 bytes: the real
                                out-of-memory error ("can't allocate memory") is raised
     exit:RANK:STEP             rank RANK ends at once with os._exit(1): no traceback, no event
@@ -35,6 +39,10 @@ FAULT_ENV = "HPC_TRAIN_FAULT"
 EVENTS_FAULT_ENV = "HPC_TRAIN_FAULT_EVENTS"
 
 
+# Faults of a checkpoint's write, not of a step: `at_step` leaves them to the writers' hooks.
+WRITE_FAULTS = ("slow_write", "kill_in_save")
+
+
 class InjectedFault(RuntimeError):
     pass
 
@@ -52,13 +60,13 @@ def parse_fault(text: str | None) -> Fault | None:
     if not text:
         return None
     parts = text.split(":")
-    if parts[0] in ("raise", "oom", "exit", "kill", "segv", "freeze") and len(parts) == 3:
+    if parts[0] in ("raise", "oom", "exit", "kill", "segv", "freeze", "kill_in_save") and len(parts) == 3:
         return Fault(parts[0], int(parts[1]), int(parts[2]))
     if parts[0] in ("sleep", "slow_write") and len(parts) == 4:
         return Fault(parts[0], int(parts[1]), int(parts[2]), float(parts[3]))
     if parts[0] == "slow" and len(parts) == 4 and float(parts[3]) >= 1:
         return Fault("slow", int(parts[1]), int(parts[2]), factor=float(parts[3]))
-    raise ValueError(f"{FAULT_ENV}={text!r}: expected raise|oom|exit|kill|segv|freeze:RANK:STEP, "
+    raise ValueError(f"{FAULT_ENV}={text!r}: expected raise|oom|exit|kill|segv|freeze|kill_in_save:RANK:STEP, "
                      "sleep|slow_write:RANK:STEP:SECONDS or slow:RANK:STEP:FACTOR (FACTOR >= 1)")
 
 
@@ -74,6 +82,13 @@ class FaultInjector:
         if fault is not None and fault.kind == "slow_write" and (fault.rank, fault.step) == (self.rank, step):
             time.sleep(fault.seconds)
 
+    def in_sharded_save(self, step: int) -> None:
+        """Called by a sharded save each time this rank has written a file of its part of the
+        checkpoint of `step`, before the part is complete."""
+        fault = self.fault
+        if fault is not None and fault.kind == "kill_in_save" and (fault.rank, fault.step) == (self.rank, step):
+            os.kill(os.getpid(), signal.SIGKILL)
+
     def _slow_down(self, step: int, fault: Fault) -> None:
         now = time.perf_counter()
         if step >= fault.step and self.last_step_end is not None:
@@ -82,7 +97,7 @@ class FaultInjector:
 
     def at_step(self, step: int) -> None:
         fault = self.fault
-        if fault is None or fault.rank != self.rank or fault.kind == "slow_write":
+        if fault is None or fault.rank != self.rank or fault.kind in WRITE_FAULTS:
             return
         if fault.kind == "freeze" and step >= fault.step:
             os.kill(os.getpid(), signal.SIGSTOP)

@@ -7,11 +7,10 @@ otherwise the job would fail on its ranks after the queue wait, or silently do s
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import fields
 
 from hpc_train.models.catalog import model as model_entry
 from hpc_train.spec.problems import Problem
-from hpc_train.spec.schema import FsdpSpec, JobSpec
+from hpc_train.spec.schema import JobSpec
 
 
 def _fsdp(spec: JobSpec) -> bool:
@@ -61,15 +60,6 @@ def half_parameters_without_batch_norm(spec: JobSpec) -> Iterator[Problem]:
                       "half precision), or set it for gpt only")
 
 
-def fsdp_settings_unused(spec: JobSpec) -> Iterator[Problem]:
-    settings = spec.parallel.fsdp
-    changed = [f.name for f in fields(FsdpSpec) if getattr(settings, f.name) != f.default]
-    if changed and not _fsdp(spec):
-        yield Problem("parallel.fsdp", f"{', '.join(changed)} with parallel.backend "
-                      f"{spec.parallel.backend!r}", "these settings only tune fsdp; they are "
-                      "ignored", "set parallel.backend: fsdp, or remove the parallel.fsdp keys")
-
-
 def offload_on_cpu(spec: JobSpec) -> Iterator[Problem]:
     if _fsdp(spec) and spec.parallel.fsdp.cpu_offload and not spec.uses_gpu:
         yield Problem("parallel.fsdp.cpu_offload", "true on a CPU job",
@@ -79,4 +69,4 @@ def offload_on_cpu(spec: JobSpec) -> Iterator[Problem]:
 
 FSDP_ERROR_RULES = (fsdp_without_pipeline, fsdp_without_compression, fp16_shards_need_scaling,
                     half_parameters_without_batch_norm)
-FSDP_WARNING_RULES = (fsdp_settings_unused, offload_on_cpu)
+FSDP_WARNING_RULES = (offload_on_cpu,)

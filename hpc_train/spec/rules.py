@@ -8,7 +8,7 @@ are printed and the job goes on: the list a rule is in, not the rule, sets the s
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import replace
+from dataclasses import fields, replace
 
 from hpc_train.launch.network import MPI_INTERFACE_VARS, RANK_INTERFACE_VARS
 from hpc_train.spec.fsdp_rules import FSDP_ERROR_RULES, FSDP_WARNING_RULES
@@ -131,6 +131,23 @@ def one_network_setting(spec: JobSpec) -> Iterator[Problem]:
                       f"remove launch.env.{name}, or remove launch.network_interface")
 
 
+# The parallel sections that tune one sharded backend each, named as that backend.
+BACKEND_SECTIONS = ("fsdp", "deepspeed")
+
+
+def backend_settings_unused(spec: JobSpec) -> Iterator[Problem]:
+    """A sharded backend's own settings in a job of another backend: ignored, so said."""
+    for backend in BACKEND_SECTIONS:
+        settings = getattr(spec.parallel, backend)
+        defaults = type(settings)()
+        changed = [f.name for f in fields(settings) if getattr(settings, f.name) != getattr(defaults, f.name)]
+        if changed and spec.parallel.backend != backend:
+            yield Problem(f"parallel.{backend}", f"{', '.join(changed)} with parallel.backend "
+                          f"{spec.parallel.backend!r}", f"these settings only tune {backend}; they "
+                          f"are ignored", f"set parallel.backend: {backend}, or remove the "
+                          f"parallel.{backend} keys")
+
+
 def pmi_needs_srun(spec: JobSpec) -> Iterator[Problem]:
     if spec.launch.method == "mpirun" and spec.launch.pmi != "pmix":
         yield Problem("launch.pmi", f"{spec.launch.pmi!r} with launch.method 'mpirun'",
@@ -150,7 +167,7 @@ ERROR_RULES: tuple[Rule, ...] = (hdf5_needs_path, signal_before_limit, keep_ever
                                  *DEEPSPEED_ERROR_RULES)
 WARNING_RULES: tuple[Rule, ...] = (idle_gpus, fixed_loss_scale_unused,
                                    warmup_shorter_than_training, milestones_within_training,
-                                   path_unused, pmi_needs_srun, copy_to_unused,
+                                   path_unused, pmi_needs_srun, copy_to_unused, backend_settings_unused,
                                    *PIPELINE_WARNING_RULES, *THROUGHPUT_WARNING_RULES,
                                    *FSDP_WARNING_RULES)
 

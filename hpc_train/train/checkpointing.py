@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import time
+from functools import partial
 
 import torch
 
@@ -153,7 +154,8 @@ class Checkpointing:
         per_rank["rank"] = self.identity.rank
         meta = {"spec_hash": self.hash, "reason": reason}
         position = self.progress.state_dict()
-        sharded = self.states.save_sharded if self.states.writes_sharded else None
+        midway = partial(self.faults.in_sharded_save, step)    # a test fault's hook (kill_in_save)
+        sharded = partial(self.states.save_sharded, midway=midway) if self.states.writes_sharded else None
         if sharded:
             meta["sharded"] = self.states.writes_sharded     # which library's shards, at resume
         if self.asynchronous:

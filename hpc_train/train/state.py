@@ -46,7 +46,9 @@ class ShardedState(Protocol):
     writes: bool             # saved this way by this job (else only read, from a sharded save)
     format: str              # the library's format ("dcp", "deepspeed"): the only one it reads
 
-    def save(self, directory: Path) -> None: ...
+    def save(self, directory: Path, midway: Callable[[], None] = lambda: None) -> None:
+        """This rank's part into `directory`; `midway` is called each time some of its files
+        are written and the part is not yet complete (fault injection's hook)."""
 
     def load(self, directory: Path) -> None: ...
 
@@ -166,10 +168,11 @@ class CheckpointedState:
         """The format of the sharded part this job saves; None when it saves none."""
         return self.sharded.format if self.sharded is not None and self.sharded.writes else None
 
-    def save_sharded(self, directory: Path) -> None:
-        """Every rank, in the training thread (a collective): the sharded part into `directory`."""
+    def save_sharded(self, directory: Path, midway: Callable[[], None] = lambda: None) -> None:
+        """Every rank, in the training thread (a collective): the sharded part into `directory`
+        (`midway`: as ShardedState.save's)."""
         if self.writes_sharded:
-            self.sharded.save(directory)
+            self.sharded.save(directory, midway)
 
     def capture(self) -> tuple[dict, dict, dict]:
         """(replicated, this rank's own, named extra files this rank writes) as plain data."""

@@ -121,7 +121,7 @@ class _Shards:
     def __init__(self, format: str, writes: bool = True):
         self.format, self.writes, self.loaded = format, writes, []
 
-    def save(self, directory):
+    def save(self, directory, midway=lambda: None):
         self.loaded.append(("save", directory))
 
     def load(self, directory):
@@ -147,3 +147,21 @@ def test_a_sharded_part_of_another_librarys_format_is_refused_not_read(tmp_path)
     assert same.loaded == [("load", tmp_path)]
     assert CheckpointedState({}, sharded=same).writes_sharded == "dcp"
     assert CheckpointedState({}, sharded=_Shards("dcp", writes=False)).writes_sharded is None
+
+
+def test_kill_in_save_fires_only_in_the_sharded_save_of_its_rank_and_step():
+    import signal
+    import subprocess
+    import sys
+
+    from hpc_train.runtime import faults
+
+    assert faults.parse_fault("kill_in_save:1:8") == faults.Fault("kill_in_save", 1, 8)
+    injector = faults.FaultInjector(1, {faults.FAULT_ENV: "kill_in_save:1:8"})
+    injector.at_step(8)              # a fault of the save, not of the step: nothing here
+    injector.in_sharded_save(4)      # another step's save
+    faults.FaultInjector(0, {faults.FAULT_ENV: "kill_in_save:1:8"}).in_sharded_save(8)
+    code = ("from hpc_train.runtime import faults; "
+            "faults.FaultInjector(1, {faults.FAULT_ENV: 'kill_in_save:1:8'}).in_sharded_save(8)")
+    killed = subprocess.run([sys.executable, "-c", code], timeout=60)
+    assert killed.returncode == -signal.SIGKILL

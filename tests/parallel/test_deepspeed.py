@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import signal
 import sys
+import time
 
 import pytest
 
@@ -170,8 +171,11 @@ def ddp_first_loss(tmp_path_factory):
     for job in RUNS for stage in (1, 2, 3)])
 def test_zero_trains_and_its_first_step_is_ddps(job, stage, tmp_path, ddp_first_loss):
     spec_file, overrides = RUNS[job]
+    # ZeRO-3 keeps parameters under 1e5 elements whole on every rank by default: all of these.
+    partitioned = ["parallel.deepspeed.config={zero_optimization: {stage3_param_persistence_threshold: 0}}"]
     paths = local_run(tmp_path, *overrides, "parallel.backend=deepspeed",
-                      f"parallel.deepspeed.stage={stage}", name=f"ds{stage}-{job}", spec_file=spec_file)
+                      f"parallel.deepspeed.stage={stage}", *(partitioned if stage == 3 else []),
+                      name=f"ds{stage}-{job}", spec_file=spec_file)
     assert drive(paths) == 0
     finished = events(paths, "rank_finished")
     assert {e["rank"] for e in finished} == {0, 1}
@@ -180,6 +184,23 @@ def test_zero_trains_and_its_first_step_is_ddps(job, stage, tmp_path, ddp_first_
     shards = sorted(p.name for p in (final / layout.SHARDED / ENGINE_TAG).iterdir())
     assert [n for n in shards if "optim_states" in n] == [
         f"zero_pp_rank_{r}_mp_rank_00_optim_states.pt" for r in (0, 1)]   # every rank its shard
+    # Every rank's end digest is of the whole model (ZeRO-3 too, whose ranks hold a part each).
+    assert {e["params_sha256"] for e in finished} == {whole_model_digest(paths, final)}
+
+
+def whole_model_digest(paths, checkpoint) -> str:
+    """`parameters_digest` of the whole model that DeepSpeed's own converter (zero_to_fp32)
+    rebuilds from the shards of `checkpoint`, named as the engine names it (under `module.`)."""
+    import torch
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+    from hpc_train.train.sharded_model import build_job_model
+    from hpc_train.train.trainer import parameters_digest
+
+    whole = get_fp32_state_dict_from_zero_checkpoint(str(checkpoint / layout.SHARDED), tag=ENGINE_TAG)
+    model = build_job_model(load_spec(paths.spec))
+    model.load_state_dict(whole)
+    return parameters_digest(torch.nn.ModuleDict({"module": model}))
 
 
 def engine_tensors(paths, step: int) -> dict:
@@ -226,3 +247,33 @@ def test_a_stopped_zero_run_resumes_bit_identical(stage, tmp_path):
         assert torch.equal(expected[where], got[where]), where
     losses = {m["step"]: m["loss"] for m in metrics_after(straight, 0)}
     assert {m["step"]: m["loss"] for m in metrics_after(stopped, 0)} == losses
+
+
+@needs_deepspeed
+@pytest.mark.mpi
+@pytest.mark.slow
+def test_a_rank_killed_mid_save_leaves_the_previous_checkpoint(tmp_path):
+    """ZeRO-3: rank 1 SIGKILLs itself in the save of step 8 (the second epoch's end), between
+    its two state files (HPC_TRAIN_FAULT kill_in_save): the run dies, the half-written step
+    never counts, and the next run resumes from step 4 and trains on as the first one had."""
+    from hpc_train.slurm.resume import prepare_resume
+
+    paths = local_run(tmp_path, *SMOKE, "data.train_samples=128", "optim.epochs=2",
+                      "parallel.backend=deepspeed", "parallel.deepspeed.stage=3",
+                      "launch.restarts_in_job=0", "launch.env.HPC_TRAIN_FAULT=kill_in_save:1:8",
+                      name="killed")
+    assert drive(paths) != 0
+    assert layout.list_complete(paths.checkpoints) == [4]
+    half = paths.checkpoints / layout.tmp_dir_name(8) / layout.SHARDED / ENGINE_TAG
+    written = {p.name for p in half.iterdir()}
+    assert "zero_pp_rank_1_mp_rank_00_model_states.pt" in written        # its first file,
+    assert "zero_pp_rank_1_mp_rank_00_optim_states.pt" not in written    # not its second
+    first = {m["step"]: m["loss"] for m in metrics_after(paths, 0)}
+    assert max(first) == 8
+    prepare_resume(paths, ["launch.env.HPC_TRAIN_FAULT=''"], True)
+    started = time.time()
+    assert drive(paths) == 0
+    assert [e["from_checkpoint"] for e in events(paths, "resumed")] == [4]
+    assert layout.list_complete(paths.checkpoints) == [4, 8]
+    again = {m["step"]: m["loss"] for m in metrics_after(paths, started)}
+    assert again == {step: loss for step, loss in first.items() if step > 4}   # from its position

@@ -60,10 +60,29 @@ def test_fp16_shards_with_the_fp16_scaler_are_fine():
      "parallel.fsdp: reshard_after_forward with parallel.backend 'ddp': these settings only tune fsdp"),
     (["parallel.backend=fsdp", "parallel.fsdp.cpu_offload=true"],
      "parallel.fsdp.cpu_offload: true on a CPU job"),
+    (["parallel.backend=fsdp", "parallel.deepspeed.stage=3", "parallel.deepspeed.config={steps_per_print: 5}"],
+     "parallel.deepspeed: stage, config with parallel.backend 'fsdp': these settings only tune "
+     "deepspeed; they are ignored. Consider: set parallel.backend: deepspeed, or remove the "
+     "parallel.deepspeed keys"),
+    (["parallel.backend=horovod", "parallel.deepspeed.overlap_comm=true"],
+     "parallel.deepspeed: overlap_comm with parallel.backend 'horovod'"),
 ])
 def test_settings_that_do_nothing_are_warnings(overrides, expected):
     errors, warnings = problems(*overrides)
     assert errors == [] and len(warnings) == 1 and warnings[0].startswith(expected)
+
+
+def test_fsdp_settings_in_a_deepspeed_job_are_a_warning():
+    # Errors aside: a deepspeed spec is refused where DeepSpeed is not installed.
+    _, warnings = problems("parallel.backend=deepspeed", "parallel.fsdp.param_dtype=bf16",
+                           "parallel.fsdp.cpu_offload=true", base=GPT)
+    assert warnings == ["parallel.fsdp: param_dtype, cpu_offload with parallel.backend 'deepspeed': "
+                        "these settings only tune fsdp; they are ignored. Consider: set "
+                        "parallel.backend: fsdp, or remove the parallel.fsdp keys"]
+
+
+def test_each_backend_keeps_its_own_settings_quietly():
+    assert problems("parallel.backend=fsdp", "parallel.fsdp.reshard_after_forward=false") == ([], [])
 
 
 def test_a_bad_dtype_names_the_choices():

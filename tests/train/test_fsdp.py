@@ -149,14 +149,19 @@ def final_state(paths: RunPaths) -> tuple[dict, dict, list[dict]]:
             torch.load(directory / layout.REPLICATED, weights_only=True), ranks)
 
 
-def test_a_stopped_run_resumed_on_its_ranks_ends_bit_identical(straight, tmp_path):
-    stopped = run(tmp_path, "fsdp", *SMOKE, name="fsdp-stopped", stop=True)
-    copy = resumed_copy(stopped, "again")
-    expected, got = final_state(straight["fsdp"]), final_state(copy)
+def assert_same_final_state(straight: RunPaths, paths: RunPaths) -> None:
+    """`paths` ended with every rank's state of `straight` at TOTAL, bit for bit."""
+    expected, got = final_state(straight), final_state(paths)
     assert_identical(expected[0], got[0], "sharded")        # model and optimizer, every shard
     assert_identical(expected[1]["precision"], got[1]["precision"], "precision")
     for rank in (0, 1):
         assert_identical(expected[2][rank]["buffers"], got[2][rank]["buffers"], f"rank {rank}")
+
+
+def test_a_stopped_run_resumed_on_its_ranks_ends_bit_identical(straight, tmp_path):
+    stopped = run(tmp_path, "fsdp", *SMOKE, name="fsdp-stopped", stop=True)
+    copy = resumed_copy(stopped, "again")
+    assert_same_final_state(straight["fsdp"], copy)
 
 
 def test_a_sharded_checkpoint_resumes_at_one_and_at_four_ranks(tmp_path):
@@ -192,3 +197,22 @@ def test_each_rank_holds_a_part_of_the_parameters(ranks, mpirun_argv, python, tm
     for r in results:
         assert r["local"] <= total / ranks * 1.05, r      # 1/N, give or take uneven rows
         assert r["digest"] == results[0]["digest"]        # and the same whole model
+
+
+def test_a_rank_killed_mid_save_leaves_the_previous_checkpoint(straight, tmp_path):
+    """Rank 1 SIGKILLs itself in the save of step TOTAL, after its DCP data file and before the
+    metadata (HPC_TRAIN_FAULT kill_in_save): the run dies, the half-written step never counts,
+    and the next run resumes from the epoch's checkpoint before it and ends bit-identical."""
+    paths = local_run(tmp_path, "parallel.backend=fsdp", *SMOKE, "launch.restarts_in_job=0",
+                      f"launch.env.HPC_TRAIN_FAULT=kill_in_save:1:{TOTAL}", name="killed")
+    assert drive(paths) != 0
+    assert layout.list_complete(paths.checkpoints) == [TOTAL // 2]
+    half = paths.checkpoints / layout.tmp_dir_name(TOTAL)
+    assert (half / layout.SHARDED / "__1_0.distcp").is_file()     # killed mid-write, truly:
+    assert not (half / layout.SHARDED / ".metadata").exists()     # its shards, no metadata
+    assert not list(half.glob("rank-*.pt"))
+    assert not events(paths, "rank_finished")
+    prepare_resume(paths, ["launch.env.HPC_TRAIN_FAULT=''"], True)
+    assert drive(paths) == 0
+    assert [e["from_checkpoint"] for e in events(paths, "resumed")] == [TOTAL // 2]
+    assert_same_final_state(straight["fsdp"], paths)
