@@ -119,7 +119,9 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     p.add_argument("spec", nargs="?", metavar="SPEC", help="job spec (default jobs/smoke.yaml)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a spec key (repeatable)")
-    p.add_argument("--backends", metavar="LIST", help="ddp,horovod (default both)")
+    p.add_argument("--backends", metavar="LIST",
+                   help="from ddp,horovod,fsdp,zero1,zero2,zero3 (zeroN: DeepSpeed ZeRO stage N; "
+                        "default ddp,horovod)")
     p.add_argument("--precisions", metavar="LIST", help="from fp32,fp16,bf16 (default fp32,fp16)")
     p.add_argument("--compressions", metavar="LIST", help="none,fp16 (default both; fp16 for horovod only)")
     p.add_argument("--ranks", metavar="LIST", help="1 and/or the spec's world size (default both)")

@@ -22,6 +22,7 @@ BACKENDS = ("ddp", "horovod", "fsdp", "zero1", "zero2", "zero3")
 PRECISIONS, COMPRESSIONS = ("fp32", "fp16", "bf16"), ("none", "fp16")
 DATA_KINDS = ("synthetic", "real")
 BARE_BACKENDS = ("ddp", "horovod")      # the bare loop's: a plain PyTorch loop has no sharding
+DEFAULT_BACKENDS = BARE_BACKENDS        # the sharded rows are asked for: --backends
 ZERO_PREFIX = "zero"
 
 
@@ -54,7 +55,7 @@ class Config:
 
 @dataclass(frozen=True)
 class Matrix:
-    backends: tuple[str, ...] = BACKENDS
+    backends: tuple[str, ...] = DEFAULT_BACKENDS
     precisions: tuple[str, ...] = ("fp32", "fp16")
     compressions: tuple[str, ...] = COMPRESSIONS
     ranks: tuple[int, ...] = ()          # () = 1 and the spec's world size
