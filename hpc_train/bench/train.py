@@ -1,7 +1,8 @@
-"""`bench train [SPEC]`: the spec's model under each configuration of a matrix (backend,
-precision, compression, ranks, accumulation, synthetic or the spec's own data), through the
-driver's launcher and the real Trainer, against a bare PyTorch loop, with the gradient
-allreduce of Horovod and DDP against raw MPI, measured in the same run.
+"""`bench train [SPEC]`: the spec's model under each configuration of a matrix (backend: ddp,
+horovod, fsdp, zero1-3; precision, compression, ranks, accumulation, synthetic or the spec's own
+data), through the driver's launcher and the real Trainer, against a bare PyTorch loop, with the
+gradient allreduce of Horovod and DDP against raw MPI, measured in the same run; each row with
+the state its ranks hold and its bytes on the wire per step.
 
 From a login node, `--submit` sends the whole benchmark as one Slurm job shaped by the spec
 (nodes, tasks, GPUs, partition, setup lines) and prints where its report will be; inside an

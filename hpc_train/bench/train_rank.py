@@ -5,7 +5,9 @@ It sets itself up as a job's worker does (its own log, heartbeat, network, stop 
 every configuration of its launch (BENCH_DIR/plan.json, the launch named by LAUNCH_ENV) in the
 launch's order: the real Trainer built from that configuration's spec (configs/<name>/spec.yaml),
 or the bare loop; `warmup` steps, then `steps` timed steps, each broken down by the StepClock.
-A trainer and its bare baseline run as a pair, their timed steps interleaved in chunks.
+A trainer and its bare baseline run as a pair, their timed steps interleaved in chunks. A
+trainer's last warm-up step takes the split of the state the rank holds (bench/state_memory.py),
+and its timed steps count their collectives (bench/wire.py).
 What the rank itself ran (backend, precision, compression, world size, device, Horovod's
 variables) is recorded beside the times. After the configurations of a launch of several
 ranks, the allreduce ratio (bench/allreduce.py). Results: results/launch-N/rank-K.json,
