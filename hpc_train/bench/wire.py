@@ -3,7 +3,8 @@ calls them, computed where it cannot see them (Horovod's allreduce runs in C++),
 bytes each rank sends under the ring model.
 
 Measured: while a step runs, `CollectiveCounter` wraps the torch.distributed functions (what
-FSDP2, a gpt's block list, DDP's comm hook and DeepSpeed's all_reduce call by name) and the
+FSDP2, a gpt's block list, DeepSpeed's all_reduce and DDP's comm hook call by name: `bench
+train`'s StepClock gives DDP its default allreduce as a Python comm hook, train/timing.py) and the
 functions DeepSpeed's communication backend keeps references to (its all-gather and
 reduce-scatter), recording each call's operation and payload; nothing else changes.
 Computed: Horovod averages every gradient once per step, so its payload is the gradients'
