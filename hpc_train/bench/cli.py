@@ -114,20 +114,23 @@ def _add_pipeline(sub: argparse._SubParsersAction) -> None:
 
 def _add_train(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
-        "train", help="images/s of the spec's model: DDP vs Horovod vs FP16, trainer vs bare loop, "
-                      "allreduce vs raw MPI, and where each step's time goes",
+        "train", help="images/s of the spec's model: DDP vs Horovod vs FSDP vs ZeRO vs FP16, trainer "
+                      "vs bare loop, allreduce vs raw MPI, memory and bytes per step",
         description="Run the spec's model under each configuration of a matrix (default: ddp and "
-                    "horovod; fp32 and fp16; fp16 compression for horovod; 1 rank and the whole "
-                    "allocation; synthetic and the spec's own data), through the driver's launcher "
+                    "horovod, or any of fsdp, zero1, zero2, zero3; fp32 and fp16; fp16 "
+                    "compression for horovod; 1 rank and the whole allocation; synthetic and the spec's own data), through the driver's launcher "
                     "and the real Trainer, in alternating rounds, warm-up steps excluded; beside "
                     "them a bare PyTorch loop (the trainer's overhead) and the gradient allreduce "
                     "of Horovod and DDP against mpi4py (same bytes). Reports images/s, the "
-                    "ImageNet epoch time, scaling efficiency, a per-step breakdown and peak memory "
+                    "ImageNet epoch time, scaling efficiency, a per-step breakdown, peak memory "
+                    "split into the state a rank holds and the rest, bytes on the wire per step "
                     "(table, --json, report.md and report.png in the bench directory).")
     p.add_argument("spec", nargs="?", metavar="SPEC", help="job spec (default jobs/smoke.yaml)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a spec key (repeatable)")
-    p.add_argument("--backends", metavar="LIST", help="ddp,horovod (default both)")
+    p.add_argument("--backends", metavar="LIST",
+                   help="from ddp,horovod,fsdp,zero1,zero2,zero3 (zeroN: DeepSpeed ZeRO stage N; "
+                        "default ddp,horovod)")
     p.add_argument("--precisions", metavar="LIST", help="from fp32,fp16,bf16 (default fp32,fp16)")
     p.add_argument("--compressions", metavar="LIST", help="none,fp16 (default both; fp16 for horovod only)")
     p.add_argument("--ranks", metavar="LIST", help="1 and/or the spec's world size (default both)")

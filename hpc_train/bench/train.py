@@ -1,7 +1,8 @@
-"""`bench train [SPEC]`: the spec's model under each configuration of a matrix (backend,
-precision, compression, ranks, accumulation, synthetic or the spec's own data), through the
-driver's launcher and the real Trainer, against a bare PyTorch loop, with the gradient
-allreduce of Horovod and DDP against raw MPI, measured in the same run.
+"""`bench train [SPEC]`: the spec's model under each configuration of a matrix (backend: ddp,
+horovod, fsdp, zero1-3; precision, compression, ranks, accumulation, synthetic or the spec's own
+data), through the driver's launcher and the real Trainer, against a bare PyTorch loop, with the
+gradient allreduce of Horovod and DDP against raw MPI, measured in the same run; each row with
+the state its ranks hold and its bytes on the wire per step.
 
 From a login node, `--submit` sends the whole benchmark as one Slurm job shaped by the spec
 (nodes, tasks, GPUs, partition, setup lines) and prints where its report will be; inside an
@@ -27,7 +28,6 @@ from hpc_train.bench.train_rank import LAUNCH_ENV
 from hpc_train.errors import HpcTrainError, LaunchError
 from hpc_train.job.driver import current_allocation
 from hpc_train.launch.allocation import Allocation
-from hpc_train.parallel.layout import Parallelism
 from hpc_train.rundir import RunPaths
 from hpc_train.train.timing import Stopwatch
 
@@ -58,27 +58,66 @@ def matrix_from(args) -> train_plan.Matrix:
 
 
 def load_bench_spec(spec_file: str, overrides: list[str]):
-    """The checked spec (warnings to stderr) with absolute paths; pipelines are refused."""
+    """The checked spec (warnings to stderr) with absolute paths; pipeline stages are refused
+    (a gpt of one stage is data parallelism of its block list, and is measured)."""
     from hpc_train.spec import validate_spec_file
     from hpc_train.spec.paths import resolve_paths
 
     spec, warnings = validate_spec_file(spec_file, overrides)
     print_warnings(warnings)
-    if spec.parallelism is not Parallelism.DATA_PARALLEL:
-        raise HpcTrainError("bench train measures data-parallel image models; for pipeline stages "
-                            "use `python -m hpc_train bench pipeline`")
+    if spec.uses_pipeline:
+        raise HpcTrainError("bench train measures data-parallel and sharded models; for pipeline "
+                            "stages use `python -m hpc_train bench pipeline`")
     return resolve_paths(spec)
 
 
-def make_plan(args, spec, spec_file: str) -> dict:
-    configs = train_plan.configurations(matrix_from(args), spec.world_size,
-                                        real_data=spec.data.kind != "synthetic")
+def spec_data(spec) -> train_plan.SpecData:
+    from hpc_train.spec.schema import TOKEN_KINDS
+
+    text = spec.data.kind in TOKEN_KINDS
+    return train_plan.SpecData(real=spec.data.kind != "synthetic" and not text, text=text)
+
+
+def plan_configs(args, spec) -> list[train_plan.Config]:
+    """The matrix's configurations whose spec is valid; one line to stderr for each left out
+    (DeepSpeed not installed, or a combination a spec rule refuses: fp16 with DeepSpeed,
+    compression or accumulation with a gpt's data-parallel block list), with the rule's words."""
+    from hpc_train.parallel.deepspeed_config import installed
+    from hpc_train.spec import SpecInvalid, load_spec
+
+    configs, skipped = train_plan.configurations(matrix_from(args), spec.world_size, spec_data(spec),
+                                                 deepspeed=installed())
+    for line in skipped:
+        print(line, file=sys.stderr)
+    kept = []
+    for config in configs:
+        try:
+            load_spec(args.spec or DEFAULT_SPEC, [*args.overrides, *config_overrides(config, spec, args)])
+        except SpecInvalid as refused:
+            print(f"bench train: {config.name} left out: {refused.problems[0]}", file=sys.stderr)
+            continue
+        kept.append(config)
+    if not kept:
+        raise HpcTrainError("bench train: no configuration of the matrix is valid for this spec "
+                            "(see the lines above)")
+    return kept
+
+
+def config_overrides(config: train_plan.Config, spec, args) -> list[str]:
+    return train_plan.config_overrides(config, spec.world_size, spec.data.batch_size,
+                                       args.warmup + args.steps)
+
+
+def make_plan(args, spec, spec_file: str, configs: list[train_plan.Config]) -> dict:
     launches = train_plan.launches(configs, args.rounds)
     if not args.no_allreduce and spec.world_size > 1:
         last_full = max(i for i, launch in enumerate(launches) if launch["ranks"] == spec.world_size)
         launches[last_full]["allreduce"] = True
+    text = spec_data(spec).text
     return {"settings": {"spec": spec_file, "model": spec.model.name, "batch_size": spec.data.batch_size,
                          "image_size": spec.data.image_size, "world_size": spec.world_size,
+                         "sample": "sequence" if text else "image",
+                         "seq_len": spec.data.seq_len if text else None,
                          "hosts": spec.slurm.nodes, "launcher": spec.launch.method,
                          "warmup": args.warmup, "steps": args.steps, "rounds": args.rounds,
                          "command": "python -m hpc_train " + shlex.join(sys.argv[1:])},
@@ -94,15 +133,13 @@ def prepare(args) -> Path:
 
     spec_file = args.spec or DEFAULT_SPEC
     spec = load_bench_spec(spec_file, args.overrides)
-    plan = make_plan(args, spec, spec_file)
+    configs = plan_configs(args, spec)
+    plan = make_plan(args, spec, spec_file, configs)
     paths = RunPaths.new(spec.run.root, f"bench-{spec.run.name}")
     paths.spec.write_text(dump_spec_yaml(spec))
-    samples = spec.data.batch_size
-    for config in plan["configs"]:
-        fields = {k: v for k, v in config.items() if k != "name"}
-        overrides = train_plan.config_overrides(train_plan.Config(**fields), spec.world_size,
-                                                samples, args.warmup + args.steps)
-        config_paths = RunPaths(paths.root / "configs" / config["name"])
+    for config in configs:
+        overrides = config_overrides(config, spec, args)
+        config_paths = RunPaths(paths.root / "configs" / config.name)
         config_paths.root.mkdir(parents=True)
         config_paths.spec.write_text(dump_spec_yaml(load_spec(paths.spec, overrides)))
     (paths.root / PLAN).write_text(json.dumps(plan, indent=1))

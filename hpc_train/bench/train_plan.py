@@ -4,7 +4,9 @@ them in alternating rounds (pure functions; no torch).
 A configuration is the trainer (`kind` "trainer": the real Trainer on the spec's model) or the
 bare loop (`kind` "bare": the same model, batch, precision and backend in a plain PyTorch loop,
 the baseline of the trainer's overhead), with a backend, precision, compression, rank count,
-accumulation and data source. One launch runs every configuration of one rank count once, a
+accumulation and data source. The backends are the spec's parallel.backend values, with
+DeepSpeed named by its ZeRO stage: `zero1`, `zero2`, `zero3` (parallel.backend deepspeed with
+parallel.deepspeed.stage 1, 2, 3); the bare loop exists for ddp and horovod only. One launch runs every configuration of one rank count once, a
 trainer and its bare baseline interleaved; the rounds alternate the order of launches and of
 configurations within them (reversed every other round), so load from other work on a shared
 machine falls on all of them alike.
@@ -16,8 +18,19 @@ from dataclasses import asdict, dataclass
 
 from hpc_train.errors import HpcTrainError
 
-BACKENDS, PRECISIONS, COMPRESSIONS = ("ddp", "horovod"), ("fp32", "fp16", "bf16"), ("none", "fp16")
+BACKENDS = ("ddp", "horovod", "fsdp", "zero1", "zero2", "zero3")
+PRECISIONS, COMPRESSIONS = ("fp32", "fp16", "bf16"), ("none", "fp16")
 DATA_KINDS = ("synthetic", "real")
+BARE_BACKENDS = ("ddp", "horovod")      # the bare loop's: a plain PyTorch loop has no sharding
+DEFAULT_BACKENDS = BARE_BACKENDS        # the sharded rows are asked for: --backends
+ZERO_PREFIX = "zero"
+
+
+def spec_backend(backend: str) -> tuple[str, int | None]:
+    """(parallel.backend, parallel.deepspeed.stage or None) of a bench backend name."""
+    if backend.startswith(ZERO_PREFIX):
+        return "deepspeed", int(backend.removeprefix(ZERO_PREFIX))
+    return backend, None
 
 
 @dataclass(frozen=True)
@@ -42,13 +55,21 @@ class Config:
 
 @dataclass(frozen=True)
 class Matrix:
-    backends: tuple[str, ...] = BACKENDS
+    backends: tuple[str, ...] = DEFAULT_BACKENDS
     precisions: tuple[str, ...] = ("fp32", "fp16")
     compressions: tuple[str, ...] = COMPRESSIONS
     ranks: tuple[int, ...] = ()          # () = 1 and the spec's world size
     accumulations: tuple[int, ...] = (1,)
     data: tuple[str, ...] = DATA_KINDS
     bare: bool = True
+
+
+@dataclass(frozen=True)
+class SpecData:
+    """What the spec's data allows: files to read (`real` differs from `synthetic`), or text
+    (its generated corpus is the data: no synthetic images, no bare loop)."""
+    real: bool
+    text: bool = False
 
 
 def parse_list(text: str, allowed: tuple[str, ...], option: str) -> tuple[str, ...]:
@@ -69,21 +90,30 @@ def parse_counts(text: str, option: str) -> tuple[int, ...]:
     return counts
 
 
-def configurations(matrix: Matrix, world_size: int, real_data: bool) -> list[Config]:
-    """Every configuration of the matrix for a spec of `world_size` ranks. Compression applies to
-    Horovod only (DDP ignores it); the bare loop runs once per backend, precision and rank count
-    (no compression or accumulation, synthetic data) as the trainer's baseline. `real_data`:
-    whether the spec reads files (else "real" would repeat "synthetic")."""
+def configurations(matrix: Matrix, world_size: int, data: SpecData,
+                   deepspeed: bool = True) -> tuple[list[Config], list[str]]:
+    """Every configuration of the matrix for a spec of `world_size` ranks, and one line for each
+    backend left out. Compression applies to Horovod only (the others ignore it); the bare loop
+    runs once per backend of BARE_BACKENDS, precision and rank count (no compression or
+    accumulation, synthetic data) as the trainer's baseline; none for text. `deepspeed`: whether
+    DeepSpeed is installed here (else its rows are left out, named)."""
     ranks = matrix.ranks or tuple(sorted({1, world_size}))
     if bad := [n for n in ranks if n > world_size]:
         raise HpcTrainError(f"--ranks {bad}: more than the spec's {world_size} ranks (the allocation)")
-    data = [d for d in matrix.data if d == "synthetic" or real_data]
-    if not data:
+    if data.text and "real" not in matrix.data:
+        raise HpcTrainError("--data synthetic: this spec's data is text (its generated corpus is "
+                            "the data); use --data real")
+    sources = ["real"] if data.text else [d for d in matrix.data if d == "synthetic" or data.real]
+    if not sources:
         raise HpcTrainError("--data real: this spec's data is synthetic; use --data synthetic")
+    skipped = [] if deepspeed else [
+        f"bench train: {b} left out: DeepSpeed is not installed here (bash env/setup.sh installs it)"
+        for b in matrix.backends if spec_backend(b)[0] == "deepspeed"]
+    backends = [b for b in matrix.backends if deepspeed or spec_backend(b)[0] != "deepspeed"]
     configs = []
     for n in ranks:
-        for source in data:
-            for backend in matrix.backends:
+        for source in sources:
+            for backend in backends:
                 for precision in matrix.precisions:
                     for compression in matrix.compressions:
                         if compression != "none" and backend != "horovod":
@@ -91,10 +121,11 @@ def configurations(matrix: Matrix, world_size: int, real_data: bool) -> list[Con
                         for accumulation in matrix.accumulations:
                             configs.append(Config("trainer", backend, precision, compression, n,
                                                   accumulation, source))
-        if matrix.bare:
+        if matrix.bare and not data.text:
             configs += [Config("bare", backend, precision, "none", n, 1, "synthetic")
-                        for backend in matrix.backends for precision in matrix.precisions]
-    return configs
+                        for backend in backends if backend in BARE_BACKENDS
+                        for precision in matrix.precisions]
+    return configs, skipped
 
 
 def twin(bare: Config, configs: list[Config]) -> Config | None:
@@ -135,11 +166,17 @@ def launches(configs: list[Config], rounds: int) -> list[dict]:
 def config_overrides(config: Config, world_size: int, samples_per_rank_step: int,
                      steps: int) -> list[str]:
     """`--set` overrides that turn the spec into this configuration's. One rank out of several
-    runs on one node with one task. Synthetic data gets enough samples that the measured steps
-    fit in one epoch (no evaluation, no epoch-end checkpoint among them) and no validation."""
-    overrides = [f"parallel.backend={config.backend}", f"precision.mode={config.precision}",
+    runs on one node with one task. No checkpoint every N steps among the measured ones.
+    Synthetic data gets enough samples that the measured steps fit in one epoch (no evaluation,
+    no epoch-end checkpoint among them) and no validation."""
+    backend, stage = spec_backend(config.backend)
+    overrides = [f"parallel.backend={backend}", f"precision.mode={config.precision}",
                  f"parallel.compression={config.compression}",
-                 f"parallel.accumulation={config.accumulation}", "optim.max_steps=null"]
+                 f"parallel.accumulation={config.accumulation}", "optim.max_steps=null",
+                 "checkpoint.every_steps=null", "checkpoint.every_minutes=null",
+                 "checkpoint.keep_every=null"]
+    if stage is not None:
+        overrides.append(f"parallel.deepspeed.stage={stage}")
     if config.ranks != world_size:
         if config.ranks != 1:
             raise HpcTrainError(f"--ranks {config.ranks}: only 1 and the whole allocation "

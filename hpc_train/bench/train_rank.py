@@ -5,7 +5,9 @@ It sets itself up as a job's worker does (its own log, heartbeat, network, stop 
 every configuration of its launch (BENCH_DIR/plan.json, the launch named by LAUNCH_ENV) in the
 launch's order: the real Trainer built from that configuration's spec (configs/<name>/spec.yaml),
 or the bare loop; `warmup` steps, then `steps` timed steps, each broken down by the StepClock.
-A trainer and its bare baseline run as a pair, their timed steps interleaved in chunks.
+A trainer and its bare baseline run as a pair, their timed steps interleaved in chunks. A
+trainer's last warm-up step takes the split of the state the rank holds (bench/state_memory.py),
+and its timed steps count their collectives (bench/wire.py).
 What the rank itself ran (backend, precision, compression, world size, device, Horovod's
 variables) is recorded beside the times. After the configurations of a launch of several
 ranks, the allreduce ratio (bench/allreduce.py). Results: results/launch-N/rank-K.json,
@@ -92,13 +94,16 @@ def _recorded(run, backend: str, precision: str, compression: str, accumulation:
 
 
 class TrainerRun:
-    """A configuration of the real Trainer, stepped on request (`steps(n)`)."""
+    """A configuration of the real Trainer, stepped on request (`steps(n)`). Its parts' steps
+    count their collectives (bench/wire.py); `state_step` takes the memory split of its state
+    (bench/state_memory.py) in one step."""
 
-    def __init__(self, spec, paths, identity, stop, heartbeat, clock, planned: int):
+    def __init__(self, spec, paths, identity, stop, heartbeat, clock, planned: int, backend: str):
+        from hpc_train.bench.wire import CollectiveCounter
         from hpc_train.errors import HpcTrainError
         from hpc_train.train.trainer import Trainer
 
-        self.spec, self.identity, self.clock = spec, identity, clock
+        self.spec, self.identity, self.clock, self.bench_backend = spec, identity, clock, backend
         self.trainer = Trainer(spec, paths, identity, stop, heartbeat, clock=clock)
         self.device = self.trainer.device
         if planned >= self.trainer.steps_per_epoch:
@@ -107,14 +112,55 @@ class TrainerRun:
                                 f"not more than the {planned} steps to run: an epoch end would evaluate "
                                 "and checkpoint among the timed steps; lower --warmup and --steps")
         clock.watch(self.trainer.model)
+        self.counter, parts = CollectiveCounter(), self.trainer.parts
+        parts.train_step = self.counter.counting(parts.train_step)
+        self.state: dict | None = None
 
     def steps(self, count: int) -> None:
         self.trainer.train_steps(count)
 
+    def state_step(self) -> None:
+        """One step, taking the split of the state this rank holds at its optimizer step."""
+        from hpc_train.bench.state_memory import at_optimizer_step, state_of
+
+        with at_optimizer_step(lambda: state_of(self.bench_backend, self.trainer.parts)) as taken:
+            self.steps(1)
+        self.state = taken[0].as_dict() if taken else None
+
+    def reset(self) -> None:
+        """Start the timed steps: their marks and collectives only."""
+        self.clock.reset()
+        self.counter.reset()
+
+    def wire(self) -> dict:
+        """Bytes per step of the timed steps' collectives: measured, and Horovod's computed."""
+        import torch
+
+        from hpc_train.bench import wire
+
+        ranks, counter = self.identity.size, self.counter
+        ops = {f"measured {op}": entry
+               for op, entry in wire.per_step(counter.calls, counter.steps, ranks, "measured").items()}
+        if self.bench_backend == "horovod":
+            params = [p for p in self.trainer.parts.model.parameters() if p.requires_grad]
+            gradient_bytes = sum(p.numel() * p.element_size() for p in params)
+            fp32 = all(p.dtype == torch.float32 for p in params)
+            computed = wire.horovod_gradients(gradient_bytes, fp32, self.spec.parallel.compression)
+            ops.update({f"computed {op}": entry
+                        for op, entry in wire.per_step(computed, 1, ranks, "computed").items()})
+        return wire.summary(ops)
+
     def recorded(self) -> dict:
-        backend = self.trainer.backend
-        return _recorded(self, backend.name, self.trainer.precision.mode, backend.compression,
-                         self.spec.parallel.accumulation, self.spec.samples_per_step)
+        # What the parts ran where they say (a data-parallel backend), else what the spec set.
+        backend, spec = self.trainer.backend, self.spec
+        return {**_recorded(self, getattr(backend, "name", spec.parallel.backend),
+                            getattr(self.trainer.precision, "mode", spec.precision.mode),
+                            getattr(backend, "compression", spec.parallel.compression),
+                            spec.parallel.accumulation, spec.samples_per_step),
+                "bench_backend": self.bench_backend}
+
+    def measured(self) -> dict:
+        return {"state_bytes": self.state, "wire": self.wire()}
 
     def close(self) -> None:
         self.trainer.close()
@@ -137,6 +183,15 @@ class BareRun:
 
     def steps(self, count: int) -> None:
         self.loop.steps(count)
+
+    def state_step(self) -> None:
+        self.steps(1)
+
+    def reset(self) -> None:
+        self.clock.reset()
+
+    def measured(self) -> dict:
+        return {"state_bytes": None, "wire": None}
 
     def recorded(self) -> dict:
         loop = self.loop
@@ -169,27 +224,29 @@ class Bench:
         clock = StepClock(pick_device(spec, self.identity))
         if config["kind"] == "trainer":
             return TrainerRun(spec, paths, self.identity, self.stop, self.heartbeat, clock,
-                              self.warmup + self.steps)
+                              self.warmup + self.steps, config["backend"])
         return BareRun(spec, self.identity, clock, config["compression"])
 
     def warm(self, name: str) -> tuple:
-        """Build and warm up a configuration; (the run, its peak memory, the peak's source)."""
+        """Build and warm up a configuration, the last warm-up step taking the split of its
+        state; (the run, its peak memory, the peak's source)."""
         source = reset_peak_memory(self.device)
         run = self.build(name)
-        run.steps(self.warmup)
+        run.steps(self.warmup - 1)
+        run.state_step()
         return run, peak_memory(run.device), source
 
     def result(self, name: str, run, memory: int, source: str, watch) -> dict:
         return {"name": name, "recorded": run.recorded(),
                 "steps": [breakdown(marks) for marks in run.clock.seconds()],
-                "peak_memory_bytes": memory, "peak_memory_source": source,
+                "peak_memory_bytes": memory, "peak_memory_source": source, **run.measured(),
                 "seconds": round(watch.seconds(), 3)}
 
     def solo(self, name: str) -> list[dict]:
         watch = Stopwatch()
         run, memory, source = self.warm(name)
         try:
-            run.clock.reset()
+            run.reset()
             run.steps(self.steps)
             return [self.result(name, run, memory, source, watch)]
         finally:
@@ -209,8 +266,8 @@ class Bench:
         bare = self.build(bare_name)
         try:
             bare.steps(self.warmup)
-            trainer.clock.reset()
-            bare.clock.reset()
+            trainer.reset()
+            bare.reset()
             done, swap = 0, False
             while done < self.steps:
                 count = min(self.chunk, self.steps - done)

@@ -4,9 +4,14 @@ Markdown, a PNG.
 Per configuration: the median step over the timed steps of every round (each rank's median; the
 slowest rank sets the pace), images/s = samples per step / that step, the time of one ImageNet
 epoch at that rate, scaling efficiency against the same configuration on one rank, the median
-breakdown of a step (mean over ranks), and the peak memory (largest rank). Then the two ratios:
-the trainer's step against the bare loop's (same backend, precision, ranks; synthetic data,
-no compression or accumulation), and each allreduce's bandwidth against raw MPI's.
+breakdown of a step (mean over ranks), and the peak memory (largest rank) split into the
+training state that rank holds (parameters, gradients, optimizer state with any fp32 master
+weights: bench/state_memory.py) and the rest (peak minus those), the bytes on the wire per step
+(payload and ring-model bytes per rank, measured or computed: bench/wire.py), and the
+throughput against DDP's of the same precision, accumulation, data and ranks in the same run.
+Then the two ratios: the trainer's step against the bare loop's (same backend, precision,
+ranks; synthetic data, no compression or accumulation), and each allreduce's bandwidth against
+raw MPI's.
 """
 
 from __future__ import annotations
@@ -23,6 +28,8 @@ ALLREDUCE_CHECKED = ("horovod gradients", "ddp buckets")
 PART_LABELS = {"data": "data", "compute": "fwd+bwd", "comm": "exposed comm", "optimizer": "optimizer",
                "other": "other"}
 SAME_EXCEPT_RANKS = ("kind", "backend", "precision", "compression", "accumulation", "data")
+SAME_EXCEPT_BACKEND = ("kind", "precision", "accumulation", "data", "ranks")
+STATE_PARTS = ("parameters", "gradients", "optimizer", "master")
 
 
 def _median(values: list[float]) -> float | None:
@@ -51,7 +58,34 @@ def config_row(config: dict, runs: list[dict]) -> dict:
             "parts_s": parts, "round_step_s": [rounds[r] for r in sorted(rounds)],
             "timed_steps": sum(len(run["steps"]) for run in runs if run["rank"] == 0),
             "peak_memory_bytes": max((run["peak_memory_bytes"] for run in runs), default=None),
-            "peak_memory_source": runs[0]["peak_memory_source"] if runs else None}
+            "peak_memory_source": runs[0]["peak_memory_source"] if runs else None,
+            "memory_split": memory_split(runs),
+            "wire": next((run.get("wire") for run in runs if run["rank"] == 0 and run.get("wire")), None)}
+
+
+def memory_split(runs: list[dict]) -> dict | None:
+    """The state split of the rank and round with the largest peak, and the rest of its peak."""
+    measured = [run for run in runs if run.get("state_bytes")]
+    if not measured:
+        return None
+    top = max(measured, key=lambda run: run["peak_memory_bytes"])
+    state = top["state_bytes"]
+    return {**{part: state[part] for part in STATE_PARTS}, "state": state["total"],
+            "rest": top["peak_memory_bytes"] - state["total"], "peak": top["peak_memory_bytes"],
+            "rank": top["rank"]}
+
+
+def add_against_ddp(rows: list[dict]) -> None:
+    """vs_ddp = samples/s / DDP's of the same kind, precision, accumulation, data and ranks;
+    state_vs_ddp = parameter + gradient + optimizer (+ master) bytes / DDP's."""
+    ddp = {tuple(r[k] for k in SAME_EXCEPT_BACKEND): r for r in rows
+           if r["backend"] == "ddp" and r["compression"] == "none"}
+    for row in rows:
+        base = ddp.get(tuple(row[k] for k in SAME_EXCEPT_BACKEND))
+        rate = base and base["images_per_s"] and row["images_per_s"]
+        row["vs_ddp"] = row["images_per_s"] / base["images_per_s"] if rate else None
+        split, base_split = row["memory_split"], base and base["memory_split"]
+        row["state_vs_ddp"] = split["state"] / base_split["state"] if split and base_split else None
 
 
 def add_scaling(rows: list[dict]) -> None:
@@ -114,6 +148,7 @@ def build(plan: dict, results: list[dict]) -> dict:
             allreduce = result["allreduce"]
     rows = [config_row(config, runs.get(config["name"], [])) for config in plan["configs"]]
     add_scaling(rows)
+    add_against_ddp(rows)
     return {"settings": plan["settings"], "rows": rows, "overhead": overheads(rows),
             "allreduce": {"measured": allreduce, "rows": allreduce_rows(allreduce)},
             "missing": [r["name"] for r in rows if r["step_s"] is None]}
@@ -126,8 +161,29 @@ def _num(value, fmt: str, scale: float = 1.0) -> str:
     return "-" if value is None else format(value * scale, fmt)
 
 
-COLUMNS = ("configuration", "ranks", "data", "images/s", "ImageNet epoch h", "scaling",
-           "step ms", "data ms", "fwd+bwd ms", "comm ms", "optimizer ms", "other ms", "peak MB")
+COLUMNS = ("configuration", "ranks", "data", "images/s", "ImageNet epoch h", "scaling", "vs ddp",
+           "step ms", "data ms", "fwd+bwd ms", "comm ms", "optimizer ms", "other ms", "peak MB",
+           "params MB", "grads MB", "optim MB", "master MB", "rest MB", "state vs ddp",
+           "payload MB/step", "wire MB/step", "wire")
+
+
+def columns(report: dict) -> tuple[str, ...]:
+    """The table's columns: samples are images, or sequences for text (no ImageNet epoch)."""
+    if report["settings"].get("sample", "image") == "image":
+        return COLUMNS
+    return tuple("sequences/s" if c == "images/s" else c for c in COLUMNS if c != "ImageNet epoch h")
+
+
+def _mb(value) -> str:
+    return _num(value, ".3f", 2 ** -20)
+
+
+def _state_cells(r: dict) -> list[str]:
+    split, wire = r.get("memory_split"), r.get("wire")
+    state = [_mb(split[part]) if split else "-" for part in (*STATE_PARTS, "rest")]
+    traffic = [_mb(wire["payload_bytes"]), _mb(wire["wire_bytes"]), "+".join(wire["sources"]) or "-"] \
+        if wire else ["-", "-", "-"]
+    return [*state, _num(r.get("state_vs_ddp"), ".2f"), *traffic]
 
 
 def table_rows(report: dict) -> list[list[str]]:
@@ -139,10 +195,11 @@ def table_rows(report: dict) -> list[list[str]]:
         if r["accumulation"] != 1:
             name += f" accum {r['accumulation']}"
         p = r["parts_s"]
-        lines.append([name, str(r["ranks"]), r["data"], _num(r["images_per_s"], ".0f"),
-                      _num(r["epoch_hours"], ".1f"), _num(r["scaling_efficiency"], ".2f"),
+        epoch = [_num(r["epoch_hours"], ".1f")] if report["settings"].get("sample", "image") == "image" else []
+        lines.append([name, str(r["ranks"]), r["data"], _num(r["images_per_s"], ".0f"), *epoch,
+                      _num(r["scaling_efficiency"], ".2f"), _num(r.get("vs_ddp"), ".2f"),
                       _num(r["step_s"], ".1f", 1e3), *(_num(p[k], ".1f", 1e3) for k in PARTS),
-                      _num(r["peak_memory_bytes"], ".0f", 2 ** -20)])
+                      _num(r["peak_memory_bytes"], ".0f", 2 ** -20), *_state_cells(r)])
     return lines
 
 
@@ -172,14 +229,16 @@ def allreduce_lines(report: dict) -> list[str]:
 
 def header(report: dict) -> str:
     s = report["settings"]
+    shape = f"{s['seq_len']} tokens" if s.get("sample") == "sequence" else f"{s['image_size']} px"
     return (f"bench train: {s['spec']} ({s['model']}, batch {s['batch_size']} per rank, "
-            f"{s['image_size']} px), {s['launcher']}, {s['hosts']} host(s); {s['warmup']} warm-up + "
+            f"{shape}), {s['launcher']}, {s['hosts']} host(s); {s['warmup']} warm-up + "
             f"{s['steps']} timed steps x {s['rounds']} round(s)")
 
 
 def markdown(report: dict) -> str:
-    rule = ["---"] * len(COLUMNS)
-    table = ["| " + " | ".join(cells) + " |" for cells in (list(COLUMNS), rule, *table_rows(report))]
+    names = columns(report)
+    rule = ["---"] * len(names)
+    table = ["| " + " | ".join(cells) + " |" for cells in (list(names), rule, *table_rows(report))]
     parts = [header(report), "", *table, "", *(f"- {line}" for line in overhead_lines(report)), ""]
     if report["allreduce"]["measured"]:
         parts += ["```", *allreduce_lines(report), "```", ""]
@@ -189,7 +248,7 @@ def markdown(report: dict) -> str:
 
 
 def print_table(report: dict) -> None:
-    console = text.print_table(COLUMNS, table_rows(report), title=header(report))
+    console = text.print_table(columns(report), table_rows(report), title=header(report))
     for line in overhead_lines(report) + allreduce_lines(report):
         console.print(line, highlight=False)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from hpc_train.bench import train_plan, train_report
-from hpc_train.bench.train_plan import Config, Matrix
+from hpc_train.bench.train_plan import Config, Matrix, SpecData
 from hpc_train.errors import HpcTrainError
 from hpc_train.spec import load_spec
 from hpc_train.train.timing import NO_CLOCK, PARTS, StepClock, breakdown
@@ -14,7 +14,7 @@ from tests.conftest import REPO
 
 
 def test_the_default_matrix_names_every_configuration_of_the_issue():
-    configs = train_plan.configurations(Matrix(), world_size=2, real_data=True)
+    configs = train_plan.configurations(Matrix(), world_size=2, data=SpecData(real=True))[0]
     trainer = {(c.backend, c.precision, c.compression, c.ranks, c.data)
                for c in configs if c.kind == "trainer"}
     expected = {(b, p, c, n, d) for b in ("ddp", "horovod") for p in ("fp32", "fp16")
@@ -28,30 +28,30 @@ def test_the_default_matrix_names_every_configuration_of_the_issue():
 
 
 def test_synthetic_specs_have_no_real_data_rows_and_one_rank_specs_one_rank_count():
-    configs = train_plan.configurations(Matrix(), world_size=1, real_data=False)
+    configs = train_plan.configurations(Matrix(), world_size=1, data=SpecData(real=False))[0]
     assert {c.ranks for c in configs} == {1} and {c.data for c in configs} == {"synthetic"}
     with pytest.raises(HpcTrainError, match="more than the spec's 2 ranks"):
-        train_plan.configurations(Matrix(ranks=(4,)), world_size=2, real_data=True)
+        train_plan.configurations(Matrix(ranks=(4,)), world_size=2, data=SpecData(real=True))[0]
     with pytest.raises(HpcTrainError, match="--data real"):
-        train_plan.configurations(Matrix(data=("real",)), world_size=2, real_data=False)
+        train_plan.configurations(Matrix(data=("real",)), world_size=2, data=SpecData(real=False))[0]
 
 
 def test_launches_alternate_their_order_every_other_round():
     configs = train_plan.configurations(Matrix(backends=("ddp",), precisions=("fp32",), bare=False,
-                                               data=("synthetic",)), world_size=2, real_data=False)
+                                               data=("synthetic",)), world_size=2, data=SpecData(real=False))[0]
     launches = train_plan.launches(configs, rounds=3)
     assert [(launch["round"], launch["ranks"]) for launch in launches] == [
         (0, 1), (0, 2), (1, 2), (1, 1), (2, 1), (2, 2)]
     assert [launch["id"] for launch in launches] == list(range(6))
     two = train_plan.configurations(Matrix(backends=("ddp", "horovod"), precisions=("fp32",), bare=False,
                                            compressions=("none",), data=("synthetic",), ranks=(2,)),
-                                    world_size=2, real_data=False)
+                                    world_size=2, data=SpecData(real=False))[0]
     first, second = train_plan.launches(two, rounds=2)
     assert second["units"] == list(reversed(first["units"])) and len(first["units"]) == 2
 
 
 def test_each_bare_loop_is_paired_with_its_trainer_and_nothing_runs_twice():
-    configs = train_plan.configurations(Matrix(), world_size=2, real_data=True)
+    configs = train_plan.configurations(Matrix(), world_size=2, data=SpecData(real=True))[0]
     launches = train_plan.launches(configs, rounds=1)
     names = [name for launch in launches for unit in launch["units"] for name in unit]
     assert sorted(names) == sorted(c.name for c in configs)

@@ -41,7 +41,7 @@ def test_bench_train_submit_reports_every_configuration_of_the_default_matrix(sl
     report = json.loads(wait_for(lambda: (root / "report.json").is_file() and (root / "report.json").read_text(),
                                  10, "report.json"))
 
-    expected = {c.name for c in train_plan.configurations(train_plan.Matrix(), 2, real_data=True)}
+    expected = {c.name for c in train_plan.configurations(train_plan.Matrix(), 2, train_plan.SpecData(real=True))[0]}
     assert {row["name"] for row in report["rows"]} == expected and report["missing"] == []
     for row in report["rows"]:
         recorded = row["recorded"]
