@@ -139,7 +139,7 @@ class DdpBackend(TorchCollectives):
         # DDP broadcasts rank 0's parameters and buffers when it wraps the model.
         ids = [self.device.index] if self.device.type == "cuda" else None
         model = DistributedDataParallel(model, device_ids=ids,
-                                        find_unused_parameters=ddp_hooks.keeps_buckets(compression))
+                                        **ddp_hooks.bucket_options(compression))
         self.compression_state = ddp_hooks.register(model, compression, powersgd, self.size)
         self.compression = compression
         return model, optimizer

@@ -85,17 +85,32 @@ def bf16_average_hook(process_group, bucket):
     return future.then(decompress)
 
 
-def keeps_buckets(compression: str) -> bool:
-    """Whether DDP must keep the bucket layout it starts with (its find_unused_parameters).
+def bucket_options(compression: str) -> dict[str, Any]:
+    """DDP's bucket options for `compression` (none where its defaults serve).
 
-    DDP's first step reduces one bucket of every gradient; it then rebuilds its buckets in the
-    order the gradients were ready. A resumed process starts over with the first layout, so
-    its first step's buckets differ from the uninterrupted run's, and PowerSGD's residuals and
-    factors, kept per bucket, would land on the wrong gradients. With find_unused_parameters
-    DDP never rebuilds (its buckets are size-capped in reverse definition order from the start;
-    checked on resnet_tiny), at the cost of one walk of the autograd graph a step, and a
-    warning of DDP's in the rank log that none were unused."""
-    return compression == "powersgd"
+    PowerSGD keeps its residuals and factors per bucket, so the buckets must be the same in
+    every process of a run, resumed or not. DDP's first step reduces one bucket of every
+    gradient, then it rebuilds its buckets in the order the gradients were ready: a resumed
+    process starts over with the first layout, and PowerSGD's state would land on the wrong
+    gradients. With find_unused_parameters DDP never rebuilds (size-capped buckets in reverse
+    definition order from the start; checked on resnet_tiny), at the cost of one walk of the
+    autograd graph a step (and a warning of DDP's, once, in the rank log)."""
+    return {"find_unused_parameters": True} if compression == "powersgd" else {}
+
+
+def waited(hook):
+    """`hook`, finished before it returns: for Gloo. PowerSGD issues a bucket's second and
+    third allreduce from the first one's callback, while DDP starts the next bucket's hook;
+    the ranks then issued them in different orders and Gloo aborted ("Received data size
+    doesn't match expected size") in 3 of 4 two-rank runs of resnet_tiny; waited, 0 of 4
+    (torch's own tests run this hook on NCCL only: pytorch#58467). Costs the overlap of the
+    compression with the rest of backward."""
+    def run(state, bucket):
+        future = hook(state, bucket)
+        future.wait()
+        return future
+
+    return run
 
 
 def register(model, compression: str, powersgd, world_size: int) -> PowerSgdState | None:
@@ -113,6 +128,8 @@ def register(model, compression: str, powersgd, world_size: int) -> PowerSgdStat
             process_group=None, matrix_approximation_rank=powersgd.rank,
             start_powerSGD_iter=powersgd.start_step, warm_start=powersgd.warm_start,
             use_error_feedback=True, random_seed=0, min_compression_rate=2)
-        model.register_comm_hook(state, power_sgd.powerSGD_hook)
+        on_gloo = next(model.parameters()).device.type == "cpu"
+        model.register_comm_hook(state, waited(power_sgd.powerSGD_hook) if on_gloo
+                                 else power_sgd.powerSGD_hook)
         return PowerSgdState(state, world_size)
     return None

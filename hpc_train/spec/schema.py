@@ -318,7 +318,7 @@ class DeepSpeedSpec:
 class PowerSgdSpec:
     """DDP's PowerSGD gradient compression (parallel.compression: powersgd): each gradient
     matrix sent as two low-rank factors, the error left out fed back into the next step."""
-    rank: int = spec_field(2, doc="rank of the factors: bytes on the wire per n x m gradient "
+    rank: int = spec_field(4, doc="rank of the factors: bytes on the wire per n x m gradient "
                            "are about rank x (n + m) instead of n x m; higher is closer to "
                            "uncompressed", ge=1, le=64)
     start_step: int = spec_field(

@@ -44,7 +44,7 @@ def test_each_backend_runs_the_compressions_of_its_row_and_refuses_the_rest(back
 
 
 def test_powersgd_settings_without_powersgd_are_a_warning():
-    spec = spec_from_dict(BASE, ["parallel.backend=ddp", "parallel.powersgd.rank=4"])
+    spec = spec_from_dict(BASE, ["parallel.backend=ddp", "parallel.powersgd.rank=8"])
     _, warnings = check_spec(spec)
     assert [w.key for w in warnings] == ["parallel.powersgd"]
 
@@ -72,7 +72,7 @@ def _ddp_model(compression: str, **powersgd):
     torch.manual_seed(0)
     model = DistributedDataParallel(torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(),
                                                         torch.nn.Linear(64, 8)),
-                                    find_unused_parameters=ddp_hooks.keeps_buckets(compression))
+                                    **ddp_hooks.bucket_options(compression))
     state = ddp_hooks.register(model, compression, PowerSgdSpec(**powersgd), world_size=1)
     return model, state
 
@@ -132,3 +132,39 @@ def test_powersgd_state_of_another_world_size_starts_afresh(one_rank_world):
     _, fresh = _ddp_model("powersgd", rank=1, start_step=2)
     fresh.load_state_dict(saved)
     assert fresh.state.iter == 0 and fresh.state.error_dict == {}
+
+
+def test_powersgd_sends_a_quarter_of_the_bytes_or_fewer(one_rank_world, monkeypatch):
+    """Counted at the allreduce calls, on the smoke job's ResNet (the spec's default rank)."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    from hpc_train.models import build_model
+    from hpc_train.parallel import ddp_hooks
+    from hpc_train.spec.schema import PowerSgdSpec
+
+    sent = []
+    real = dist.all_reduce
+
+    def counting(tensor, *args, **kwargs):
+        sent.append(tensor.numel() * tensor.element_size())
+        return real(tensor, *args, **kwargs)
+
+    monkeypatch.setattr(dist, "all_reduce", counting)
+
+    def bytes_of_a_step(compression: str) -> int:
+        torch.manual_seed(0)
+        model = DistributedDataParallel(build_model("resnet_tiny", 10),
+                                        **ddp_hooks.bucket_options(compression))
+        if compression == "none":       # DDP's own allreduce is C++; its hook twin calls dist's
+            from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+            model.register_comm_hook(None, default_hooks.allreduce_hook)
+        ddp_hooks.register(model, compression, PowerSgdSpec(start_step=2), world_size=1)
+        for _ in range(3):          # two plain steps, then compressed
+            sent.clear()
+            model(torch.randn(4, 3, 32, 32)).sum().backward()
+        return sum(sent)
+
+    plain, compressed = bytes_of_a_step("none"), bytes_of_a_step("powersgd")
+    print(f"[bytes] resnet_tiny per step: allreduce {plain}, powersgd {compressed} ({plain / compressed:.1f}x fewer)")
+    assert plain > 4 * compressed > 0, (plain, compressed)
