@@ -25,6 +25,7 @@ class HorovodBackend:
 
     name = "horovod"
     compression = "none"   # what goes on the wire, as prepare() set it up
+    compression_state = None   # Horovod's fp16 compression keeps no state
 
     def __init__(self, identity: RankInfo):
         import horovod.torch as hvd
@@ -40,7 +41,7 @@ class HorovodBackend:
             "horovod %d ranks, knobs %s", self.size, read_knobs(os.environ) or "Horovod's defaults")
 
     def prepare(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, *,
-                accumulation: int, compression: str) -> tuple[torch.nn.Module, Any]:
+                accumulation: int, compression: str, powersgd=None) -> tuple[torch.nn.Module, Any]:
         hvd = self.hvd
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
         # No broadcast_optimizer_state here: every rank builds the same optimizer, and on a
@@ -120,7 +121,9 @@ class DdpBackend(TorchCollectives):
     """torch.distributed with ranks from the MPI launcher: NCCL on GPUs, Gloo on CPUs."""
 
     name = "ddp"
-    compression = "none"   # DDP sends the gradients as they are (the spec warns about fp16)
+    compression = "none"   # what goes on the wire, as prepare() set it up (parallel/ddp_hooks.py)
+    # PowerSGD's per-rank state (a checkpoint component), when prepare() set it up.
+    compression_state = None
 
     def __init__(self, identity: RankInfo, device: torch.device):
         init_torch_distributed(identity.rank, identity.size, device)
@@ -128,12 +131,18 @@ class DdpBackend(TorchCollectives):
         self.rank, self.size, self.local_rank = identity.rank, identity.size, identity.local_rank
 
     def prepare(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, *,
-                accumulation: int, compression: str) -> tuple[torch.nn.Module, Any]:
+                accumulation: int, compression: str, powersgd=None) -> tuple[torch.nn.Module, Any]:
         from torch.nn.parallel import DistributedDataParallel
+
+        from hpc_train.parallel import ddp_hooks
 
         # DDP broadcasts rank 0's parameters and buffers when it wraps the model.
         ids = [self.device.index] if self.device.type == "cuda" else None
-        return DistributedDataParallel(model, device_ids=ids), optimizer
+        model = DistributedDataParallel(model, device_ids=ids,
+                                        **ddp_hooks.bucket_options(compression))
+        self.compression_state = ddp_hooks.register(model, compression, powersgd, self.size)
+        self.compression = compression
+        return model, optimizer
 
     def accumulate(self, model, last_pass: bool):
         # Skip the gradient all-reduce on all but the last backward pass of a step.

@@ -43,13 +43,6 @@ def deepspeed_without_pipeline(spec: JobSpec) -> Iterator[Problem]:
                       "set parallel.pipeline.stages: 1, or parallel.backend: ddp")
 
 
-def deepspeed_compression(spec: JobSpec) -> Iterator[Problem]:
-    if _uses_deepspeed(spec) and spec.parallel.compression != "none":
-        yield Problem("parallel.compression", f"{spec.parallel.compression!r} with "
-                      "parallel.backend 'deepspeed'", "ZeRO reduces gradients in their own "
-                      "dtype", "set parallel.compression: none")
-
-
 def params_offload_needs_stage_3(spec: JobSpec) -> Iterator[Problem]:
     ds = spec.parallel.deepspeed
     if _uses_deepspeed(spec) and ds.offload_params != "none" and ds.stage != 3:
@@ -86,5 +79,4 @@ def deepspeed_config_known(spec: JobSpec) -> Iterator[Problem]:
 
 
 DEEPSPEED_ERROR_RULES = (deepspeed_installed, deepspeed_precision, deepspeed_without_pipeline,
-                         deepspeed_compression, params_offload_needs_stage_3,
-                         deepspeed_keys_owned, deepspeed_config_known)
+                         params_offload_needs_stage_3, deepspeed_keys_owned, deepspeed_config_known)

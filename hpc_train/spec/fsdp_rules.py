@@ -26,15 +26,6 @@ def fsdp_without_pipeline(spec: JobSpec) -> Iterator[Problem]:
                       "for a pipeline")
 
 
-def fsdp_without_compression(spec: JobSpec) -> Iterator[Problem]:
-    if _fsdp(spec) and spec.parallel.compression != "none":
-        yield Problem("parallel.compression", f"{spec.parallel.compression!r} with "
-                      "parallel.backend 'fsdp'", "gradient compression is Horovod's; fsdp "
-                      "reduces gradients in parallel.fsdp.reduce_dtype",
-                      "set parallel.compression: none (and parallel.fsdp.reduce_dtype: bf16 for "
-                      "half the bytes)")
-
-
 def fp16_shards_need_scaling(spec: JobSpec) -> Iterator[Problem]:
     """fp16 gradients underflow without the loss scaler that only precision.mode fp16 runs."""
     settings = spec.parallel.fsdp
@@ -67,6 +58,6 @@ def offload_on_cpu(spec: JobSpec) -> Iterator[Problem]:
                       "remove it on CPU jobs")
 
 
-FSDP_ERROR_RULES = (fsdp_without_pipeline, fsdp_without_compression, fp16_shards_need_scaling,
+FSDP_ERROR_RULES = (fsdp_without_pipeline, fp16_shards_need_scaling,
                     half_parameters_without_batch_norm)
 FSDP_WARNING_RULES = (offload_on_cpu,)

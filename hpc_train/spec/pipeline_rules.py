@@ -125,13 +125,6 @@ def pipeline_without_accumulation(spec: JobSpec) -> Iterator[Problem]:
                       f"{spec.data.batch_size * accumulation}")
 
 
-def pipeline_without_compression(spec: JobSpec) -> Iterator[Problem]:
-    if spec.parallelism is Parallelism.PIPELINE and spec.parallel.compression != "none":
-        yield Problem("parallel.compression", f"{spec.parallel.compression!r} with a pipeline",
-                      "pipeline jobs average stage gradients with their own bucketed "
-                      "all-reduce, uncompressed", "set parallel.compression: none")
-
-
 def microbatches_unused(spec: JobSpec) -> Iterator[Problem]:
     pipe = spec.parallel.pipeline
     changed = pipe.microbatches != 1 or pipe.remat or pipe.balance != "auto" or pipe.schedule != "gpipe"
@@ -153,6 +146,5 @@ def few_microbatches(spec: JobSpec) -> Iterator[Problem]:
 
 PIPELINE_ERROR_RULES = (model_matches_data, byte_vocabulary, heads_divide_width,
                         pipeline_needs_gpt, whole_pipelines, microbatches_split_batch,
-                        one_f_one_b_depth, balance_matches_model, pipeline_without_accumulation,
-                        pipeline_without_compression)
+                        one_f_one_b_depth, balance_matches_model, pipeline_without_accumulation)
 PIPELINE_WARNING_RULES = (microbatches_unused, few_microbatches)

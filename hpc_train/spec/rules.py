@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import fields, replace
 
 from hpc_train.launch.network import MPI_INTERFACE_VARS, RANK_INTERFACE_VARS
+from hpc_train.spec.compression_rules import COMPRESSION_ERROR_RULES, COMPRESSION_WARNING_RULES
 from hpc_train.spec.fsdp_rules import FSDP_ERROR_RULES, FSDP_WARNING_RULES
 from hpc_train.spec.deepspeed_rules import DEEPSPEED_ERROR_RULES
 from hpc_train.spec.node_range import NODE_RANGE_ERROR_RULES
@@ -164,12 +165,12 @@ ERROR_RULES: tuple[Rule, ...] = (hdf5_needs_path, signal_before_limit, keep_ever
                                  one_rank_per_gpu, one_network_setting, copy_to_on_the_node,
                                  *PIPELINE_ERROR_RULES, *THROUGHPUT_ERROR_RULES,
                                  *NODE_RANGE_ERROR_RULES, *FSDP_ERROR_RULES,
-                                 *DEEPSPEED_ERROR_RULES)
+                                 *DEEPSPEED_ERROR_RULES, *COMPRESSION_ERROR_RULES)
 WARNING_RULES: tuple[Rule, ...] = (idle_gpus, fixed_loss_scale_unused,
                                    warmup_shorter_than_training, milestones_within_training,
                                    path_unused, pmi_needs_srun, copy_to_unused, backend_settings_unused,
                                    *PIPELINE_WARNING_RULES, *THROUGHPUT_WARNING_RULES,
-                                   *FSDP_WARNING_RULES)
+                                   *FSDP_WARNING_RULES, *COMPRESSION_WARNING_RULES)
 
 
 def check_spec(spec: JobSpec) -> tuple[list[Problem], list[Problem]]:

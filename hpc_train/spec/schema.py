@@ -315,15 +315,33 @@ class DeepSpeedSpec:
 
 
 @dataclass(frozen=True)
+class PowerSgdSpec:
+    """DDP's PowerSGD gradient compression (parallel.compression: powersgd): each gradient
+    matrix sent as two low-rank factors, the error left out fed back into the next step."""
+    rank: int = spec_field(4, doc="rank of the factors: bytes on the wire per n x m gradient "
+                           "are about rank x (n + m) instead of n x m; higher is closer to "
+                           "uncompressed", ge=1, le=64)
+    start_step: int = spec_field(
+        10, doc="optimizer steps of plain allreduce before compressing (the first steps move "
+        "the weights most; DDP needs two before its buckets are final)", ge=2)
+    warm_start: bool = spec_field(
+        True, doc="start each step's factors from the last step's (fewer bytes for the same "
+        "error); false draws them afresh")
+
+
+@dataclass(frozen=True)
 class ParallelSpec:
     backend: Literal["horovod", "ddp", "fsdp", "deepspeed"] = spec_field(
         "horovod", doc="data-parallel library: horovod, ddp (replicated), fsdp (torch FSDP2, "
         "sharded; parallel.fsdp), deepspeed (DeepSpeed's ZeRO engine, the `deepspeed` extra; "
         "parallel.deepspeed says what it shards)")
     accumulation: int = spec_field(1, doc="backward passes per optimizer step", ge=1)
-    compression: Literal["none", "fp16"] = spec_field(
+    compression: Literal["none", "fp16", "bf16", "powersgd"] = spec_field(
         "none", doc="gradient compression on the wire: fp16 halves the allreduce bytes "
-        "(Horovod's DistributedOptimizer; DDP ignores it, with a warning)")
+        "(Horovod's DistributedOptimizer, or DDP's communication hook); bf16 (DDP) halves "
+        "them with fp32's range; powersgd (DDP) sends low-rank factors with error feedback "
+        "(parallel.powersgd)")
+    powersgd: PowerSgdSpec = field(default_factory=PowerSgdSpec)
     pipeline: PipelineSpec = field(default_factory=PipelineSpec)
     horovod: HorovodSpec = field(default_factory=HorovodSpec)
     fsdp: FsdpSpec = field(default_factory=FsdpSpec)

@@ -2,9 +2,7 @@
 least 32 per GPU, at least 2 loader workers per GPU, pinned host memory, FP16 compression with
 Horovod) and the Horovod knobs. The advice gives warnings: a job that ignores it runs, slower.
 
-`parallel.compression: fp16` with DDP is a warning, not an error: the job runs as asked in
-every other respect, sending fp32 gradients, as a fixed loss scale outside fp16 is ignored with a
-warning. Setting a knob's HOROVOD_* variable in launch.env as well is an error: two values for
+Setting a knob's HOROVOD_* variable in launch.env as well is an error: two values for
 one setting, and which one wins would depend on the launcher.
 """
 
@@ -50,15 +48,6 @@ def unpinned_gpu_memory(spec: JobSpec) -> Iterator[Problem]:
                       "set data.pin_memory: true")
 
 
-def compression_without_horovod(spec: JobSpec) -> Iterator[Problem]:
-    if spec.parallel.backend == "ddp" and spec.parallel.compression == "fp16":
-        yield Problem("parallel.compression", "'fp16' with parallel.backend 'ddp'",
-                      "gradient compression is Horovod's (DistributedOptimizer); DDP ignores it "
-                      "and sends fp32 gradients",
-                      "set parallel.backend: horovod for compressed gradients, or "
-                      "parallel.compression: none")
-
-
 def knobs_without_horovod(spec: JobSpec) -> Iterator[Problem]:
     if spec.parallel.backend != "horovod" and knob_vars(spec.parallel.horovod):
         yield Problem("parallel.horovod", f"{', '.join(knob_vars(spec.parallel.horovod))} with "
@@ -85,5 +74,4 @@ def one_setting_per_knob(spec: JobSpec) -> Iterator[Problem]:
 
 THROUGHPUT_ERROR_RULES = (one_setting_per_knob,)
 THROUGHPUT_WARNING_RULES = (small_gpu_batch, few_loader_workers, unpinned_gpu_memory,
-                            compression_without_horovod, knobs_without_horovod,
-                            hierarchical_on_cpu)
+                            knobs_without_horovod, hierarchical_on_cpu)

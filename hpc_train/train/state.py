@@ -197,9 +197,9 @@ class CheckpointedState:
             for name, component in parts.items():
                 component.load_state_dict(saved[name])
         for name, component in self.per_rank.items():
-            if per_rank is not None:
+            if per_rank is not None and (name in per_rank or not hasattr(component, "fresh")):
                 component.load_state_dict(per_rank[name])
-            elif hasattr(component, "fresh"):
+            elif hasattr(component, "fresh"):   # none saved for this rank, or by that run
                 component.fresh()
 
     def _load_sharded(self, replicated: dict, directory: Path | None, saved: str | None) -> None:

@@ -88,7 +88,7 @@ class DataParallelParts:
         optimizer = build_optimizer(spec.optim, model.parameters(), lr=spec.scaled_lr)
         self.model, self.optimizer = self.backend.prepare(
             model, optimizer, accumulation=spec.parallel.accumulation,
-            compression=spec.parallel.compression)
+            compression=spec.parallel.compression, powersgd=spec.parallel.powersgd)
         self.precision = Precision(spec.precision.mode, device, spec.precision.loss_scale,
                                    spec.precision.init_scale)
         self.criterion = torch.nn.CrossEntropyLoss(label_smoothing=spec.optim.label_smoothing)
@@ -99,9 +99,14 @@ class DataParallelParts:
         return CheckpointedState(
             replicated={"model": ModelWeights(self.model), "optimizer": self.optimizer,
                         "precision": self.precision},
-            per_rank={"buffers": ModelBuffers(self.model)},
+            per_rank={"buffers": ModelBuffers(self.model), **self._compression_state()},
             # Reads an fsdp checkpoint's shards into the whole model (saved replicated).
             sharded=ShardedModelState(unwrap(self.model), self.optimizer, writes=False))
+
+    def _compression_state(self) -> dict:
+        """PowerSGD's residuals and factors (per rank), where the backend compresses with it."""
+        state = self.backend.compression_state
+        return {"compression": state} if state is not None else {}
 
     def train_step(self, micro_batches, clock=NO_CLOCK) -> tuple[float, bool]:
         """One optimizer step: (this rank's loss, whether the step was applied)."""

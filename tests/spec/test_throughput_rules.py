@@ -35,8 +35,6 @@ def test_a_well_fed_gpu_job_gets_no_warning():
      "data.batch_size: 8 x parallel.accumulation 2: under 32 samples per GPU per step"),
     (["data.workers=1"], "data.workers: 1 per rank (one rank per GPU): under 2 loader workers per GPU"),
     (["data.pin_memory=false"], "data.pin_memory: false on a GPU job"),
-    (["parallel.backend=ddp", "parallel.compression=fp16"],
-     "parallel.compression: 'fp16' with parallel.backend 'ddp': gradient compression is Horovod's"),
     (["parallel.backend=ddp", "parallel.horovod.cycle_time_ms=3"],
      "parallel.horovod: HOROVOD_CYCLE_TIME with parallel.backend 'ddp'"),
 ])
@@ -72,10 +70,10 @@ def test_no_warning_for_the_shipped_jobs(name):
 
 def test_validate_prints_the_warnings_and_exits_0():
     out = cli("validate", "jobs/resnet.yaml", "--set", "data.workers=1", "--set", "data.pin_memory=false",
-              "--set", "parallel.backend=ddp", "--set", "parallel.compression=fp16")
+              "--set", "parallel.backend=ddp", "--set", "parallel.powersgd.rank=8")
     assert out.returncode == 0, out.stderr
     keys = [line.split(":")[1].strip() for line in out.stderr.splitlines()]
-    assert keys == ["data.workers", "data.pin_memory", "parallel.compression"], out.stderr
+    assert keys == ["data.workers", "data.pin_memory", "parallel.powersgd"], out.stderr
     assert all(line.startswith("warning: ") for line in out.stderr.splitlines())
 
 
