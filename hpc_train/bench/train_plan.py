@@ -17,9 +17,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from hpc_train.errors import HpcTrainError
+from hpc_train.spec.compression_rules import COMPRESSIONS as BY_BACKEND
 
 BACKENDS = ("ddp", "horovod", "fsdp", "zero1", "zero2", "zero3")
-PRECISIONS, COMPRESSIONS = ("fp32", "fp16", "bf16"), ("none", "fp16")
+PRECISIONS, COMPRESSIONS = ("fp32", "fp16", "bf16"), ("none", "fp16", "bf16", "powersgd")
 DATA_KINDS = ("synthetic", "real")
 BARE_BACKENDS = ("ddp", "horovod")      # the bare loop's: a plain PyTorch loop has no sharding
 DEFAULT_BACKENDS = BARE_BACKENDS        # the sharded rows are asked for: --backends
@@ -57,7 +58,7 @@ class Config:
 class Matrix:
     backends: tuple[str, ...] = DEFAULT_BACKENDS
     precisions: tuple[str, ...] = ("fp32", "fp16")
-    compressions: tuple[str, ...] = COMPRESSIONS
+    compressions: tuple[str, ...] = ("none", "fp16")
     ranks: tuple[int, ...] = ()          # () = 1 and the spec's world size
     accumulations: tuple[int, ...] = (1,)
     data: tuple[str, ...] = DATA_KINDS
@@ -93,7 +94,8 @@ def parse_counts(text: str, option: str) -> tuple[int, ...]:
 def configurations(matrix: Matrix, world_size: int, data: SpecData,
                    deepspeed: bool = True) -> tuple[list[Config], list[str]]:
     """Every configuration of the matrix for a spec of `world_size` ranks, and one line for each
-    backend left out. Compression applies to Horovod only (the others ignore it); the bare loop
+    backend left out. Each compression runs under the backends that run it (Horovod: fp16;
+    DDP: fp16, bf16, powersgd; spec/compression_rules.py), the others without; the bare loop
     runs once per backend of BARE_BACKENDS, precision and rank count (no compression or
     accumulation, synthetic data) as the trainer's baseline; none for text. `deepspeed`: whether
     DeepSpeed is installed here (else its rows are left out, named)."""
@@ -116,7 +118,7 @@ def configurations(matrix: Matrix, world_size: int, data: SpecData,
             for backend in backends:
                 for precision in matrix.precisions:
                     for compression in matrix.compressions:
-                        if compression != "none" and backend != "horovod":
+                        if compression not in BY_BACKEND.get(spec_backend(backend)[0], ("none",)):
                             continue
                         for accumulation in matrix.accumulations:
                             configs.append(Config("trainer", backend, precision, compression, n,
