@@ -17,13 +17,22 @@ def test_the_default_matrix_names_every_configuration_of_the_issue():
     configs = train_plan.configurations(Matrix(), world_size=2, data=SpecData(real=True))[0]
     trainer = {(c.backend, c.precision, c.compression, c.ranks, c.data)
                for c in configs if c.kind == "trainer"}
+    # Both backends compress to fp16 (Horovod's optimizer, DDP's hook).
     expected = {(b, p, c, n, d) for b in ("ddp", "horovod") for p in ("fp32", "fp16")
-                for c in ("none", "fp16") for n in (1, 2) for d in ("synthetic", "real")
-                if c == "none" or b == "horovod"}
-    assert trainer == expected and len(trainer) == 24
+                for c in ("none", "fp16") for n in (1, 2) for d in ("synthetic", "real")}
+    assert trainer == expected and len(trainer) == 32
     bare = {(c.backend, c.precision, c.ranks) for c in configs if c.kind == "bare"}
     assert bare == {(b, p, n) for b in ("ddp", "horovod") for p in ("fp32", "fp16") for n in (1, 2)}
     assert all(c.accumulation == 1 for c in configs)
+
+
+def test_each_compression_runs_under_the_backends_that_have_it():
+    matrix = Matrix(backends=("ddp", "horovod", "fsdp"), precisions=("fp32",),
+                    compressions=("none", "fp16", "bf16", "powersgd"), ranks=(2,), data=("synthetic",))
+    configs = train_plan.configurations(matrix, world_size=2, data=SpecData(real=True))[0]
+    ran = {(c.backend, c.compression) for c in configs if c.kind == "trainer"}
+    assert ran == {("ddp", "none"), ("ddp", "fp16"), ("ddp", "bf16"), ("ddp", "powersgd"),
+                   ("horovod", "none"), ("horovod", "fp16"), ("fsdp", "none")}
     assert len({c.name for c in configs}) == len(configs)
 
 
