@@ -111,7 +111,7 @@ class TrainerRun:
             raise HpcTrainError(f"{paths.root.name}: {self.trainer.steps_per_epoch} steps per epoch, "
                                 f"not more than the {planned} steps to run: an epoch end would evaluate "
                                 "and checkpoint among the timed steps; lower --warmup and --steps")
-        if self.trainer.backend.compression == "none":   # else DDP has its compression's hook
+        if self.spec.parallel.compression == "none":   # else DDP has its compression's hook
             clock.watch(self.trainer.model)
         self.counter, parts = CollectiveCounter(), self.trainer.parts
         parts.train_step = self.counter.counting(parts.train_step)
