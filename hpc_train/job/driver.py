@@ -32,7 +32,7 @@ from hpc_train.launch.allocation import (Allocation, allocation_from_slurm, loca
                                          training_hosts)
 from hpc_train.launch.argv import LaunchPlan, inherited, launch_argv, launcher_env
 from hpc_train.launch.identity import LAUNCH_ID_ENV
-from hpc_train.launch.horovod import horovod_env
+from hpc_train.launch.horovod import few_core_env, horovod_env
 from hpc_train.launch.network import NETWORK_ENV, address_for
 from hpc_train.rundir import RunPaths
 from hpc_train.runtime import environment
@@ -156,6 +156,8 @@ def launch_plan(spec: JobSpec, paths: RunPaths, allocation: Allocation, environ,
         LAUNCH_ID_ENV: f"{environ.get('SLURM_JOB_ID', 'local')}-"
                        f"{environ.get('SLURM_RESTART_COUNT', '0')}-{os.getpid()}-{time.time():.3f}",
         **horovod_env(spec.parallel.horovod, paths, int(environ.get("SLURM_RESTART_COUNT") or 0)),
+        **(few_core_env(spec.parallel.horovod, spec.slurm.cpus_per_task, launch.mpi)
+           if spec.parallel.backend == "horovod" else {}),
         **launch.env,
     }
     if launch.network_interface:

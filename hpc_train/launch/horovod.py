@@ -42,6 +42,26 @@ def horovod_env(knobs, paths: RunPaths, restart: int = 0) -> dict[str, str]:
     return env
 
 
+# One core per rank: Horovod's background thread wakes every cycle (5 ms by default) and Open
+# MPI's progress engine busy-polls while it waits; both take the core the rank computes on. On
+# 2 ranks with one core each (bench train, jobs/smoke.yaml) Horovod ran at 0.49x DDP's images/s
+# untuned and 1.01x with both set (docs/benchmarks.md).
+FEW_CORE_CYCLE_MS = 10
+OPENMPI_YIELD = "OMPI_MCA_mpi_yield_when_idle"
+
+
+def few_core_env(knobs, cpus_per_task: int, mpi: str) -> dict[str, str]:
+    """What the driver sets for Horovod on one core per rank (`knobs.few_core_tuning`): a
+    longer cycle unless the spec sets one, and Open MPI's yielding while idle. Nothing on more
+    cores per rank, where the background thread has a core of its own."""
+    if not knobs.few_core_tuning or cpus_per_task > 1:
+        return {}
+    env = {} if knobs.cycle_time_ms is not None else {CYCLE: str(FEW_CORE_CYCLE_MS)}
+    if mpi == "openmpi":
+        env[OPENMPI_YIELD] = "1"
+    return env
+
+
 def knob_vars(knobs) -> list[str]:
     """The variables these knobs set (the same names whatever the run directory)."""
     return sorted(horovod_env(knobs, RunPaths(Path(".")), 0))
@@ -49,4 +69,4 @@ def knob_vars(knobs) -> list[str]:
 
 def read_knobs(environ) -> dict[str, str]:
     """The knob variables a rank sees, as it records them (benchmarks, tests)."""
-    return {name: environ[name] for name in KNOB_VARS if name in environ}
+    return {name: environ[name] for name in (*KNOB_VARS, OPENMPI_YIELD) if name in environ}

@@ -24,7 +24,9 @@ def test_knobs_reach_every_rank_and_the_timeline_lands_in_the_run_directory(tmp_
         knobs = ast.literal_eval(line)   # the dict as the rank logged it
         assert knobs == {"HOROVOD_FUSION_THRESHOLD": str(16 * 2**20), "HOROVOD_CYCLE_TIME": "2.5",
                          "HOROVOD_TIMELINE": str(paths.horovod_timeline()), "HOROVOD_AUTOTUNE": "1",
-                         "HOROVOD_AUTOTUNE_LOG": str(paths.horovod_autotune_log())}
+                         "HOROVOD_AUTOTUNE_LOG": str(paths.horovod_autotune_log()),
+                         # One core per rank: the driver's few-core tuning (the cycle is the spec's).
+                         "OMPI_MCA_mpi_yield_when_idle": "1"}
     timeline = paths.horovod_timeline().read_text()
     # Chrome trace events, one per line; Horovod leaves the array open (chrome://tracing and
     # Perfetto read it as it is).

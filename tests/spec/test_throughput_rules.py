@@ -111,3 +111,9 @@ def test_knobs_become_horovod_variables(tmp_path):
 
 def test_knobs_left_unset_export_nothing(tmp_path):
     assert horovod_env(load_spec(REPO / "jobs/smoke.yaml").parallel.horovod, RunPaths(tmp_path)) == {}
+
+
+def test_horovod_on_one_core_without_its_tuning_is_a_warning():
+    (warning,) = warnings_of("parallel.horovod.few_core_tuning=false", "slurm.cpus_per_task=1",
+                             base={})
+    assert warning.startswith("parallel.horovod.few_core_tuning: false with one core per rank")
