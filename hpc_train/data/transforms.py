@@ -131,6 +131,57 @@ def _pixels(image, reduce: int) -> np.ndarray:
     return np.array(image.convert("RGB"), dtype=np.uint8)
 
 
+def _reduced_box(image: Encoded, box, reduce: int) -> tuple[float, float, float, float]:
+    """A box (left, top, right, bottom) in source pixels, on the grid of the 1/reduce decode."""
+    reduced_h, reduced_w = image.reduced_size(reduce)
+    sy, sx = reduced_h / image.height, reduced_w / image.width
+    return box[0] * sx, box[1] * sy, box[2] * sx, box[3] * sy
+
+
+def _decode_box(image: Encoded, box: tuple[float, float, float, float], reduce: int,
+                size: int) -> torch.Tensor:
+    """A box (left, top, right, bottom; source pixels, whole at reduce 1) of a region-decoding
+    image, resized to size x size: only the box is decoded, plus, reduced, the filter's reach.
+
+    The output equals the full-decode path's bit for bit: at full resolution the same
+    resize_box of the same pixels; reduced, Pillow's resize(box=) of the same box on an image
+    where only the pixels its filter reads are decoded (shifting the box onto a smaller region
+    instead would round Pillow's filter positions differently: up to 1 level, measured).
+    """
+    if reduce == 1:
+        left, top, right, bottom = (int(v) for v in box)
+        pixels = image.region(top, left, bottom - top, right - left)
+        return resize_box(pixels, 0, 0, bottom - top, right - left, size, size)
+    fractional = _reduced_box(image, box, reduce)
+    # Pillow's bilinear filter reads up to (box side / size) / 2 + 1 pixels past the box.
+    reach = math.ceil(max(fractional[2] - fractional[0], fractional[3] - fractional[1], size)
+                      / size) + 1
+    rows = (math.floor(fractional[1]) - reach, math.ceil(fractional[3]) + reach)
+    cols = (math.floor(fractional[0]) - reach, math.ceil(fractional[2]) + reach)
+    return resize_subpixel(_decoded_within(image, rows, cols, reduce), fractional, size, size)
+
+
+def _decoded_within(image: Encoded, rows: tuple[int, int], cols: tuple[int, int],
+                    reduce: int = 1) -> np.ndarray:
+    """The whole 1/reduce image with only rows x cols (clipped to it) decoded, zeros elsewhere:
+    a resize that reads only those pixels gives exactly what it gives on a full decode."""
+    height, width = image.reduced_size(reduce)
+    y0, y1 = max(0, rows[0]), min(height, rows[1])
+    x0, x1 = max(0, cols[0]), min(width, cols[1])
+    pixels = np.zeros((height, width, 3), np.uint8)
+    pixels[y0:y1, x0:x1] = image.region(y0, x0, y1 - y0, x1 - x0, reduce)
+    return pixels
+
+
+def _torch_reach(start: int, stop: int, in_size: int, out_size: int) -> tuple[int, int]:
+    """Input indices [lo, hi) (unclipped) that torch's antialiased bilinear resize in_size -> out_size reads
+    for outputs start..stop-1: centre scale * (i + 0.5), support max(scale, 1), plus a pixel."""
+    scale = in_size / out_size
+    support = max(scale, 1.0)
+    return (math.floor(scale * (start + 0.5) - support) - 1,
+            math.ceil(scale * (stop - 0.5) + support) + 1)
+
+
 class _Transform:
     def __init__(self, size: int, mean, std, draft: bool, normalize: bool):
         self.size, self.mean, self.std, self.draft = size, mean, std, draft
@@ -165,13 +216,17 @@ class TrainTransform(_Transform):
         height, width = _size(image)
         top, left, h, w = rrc_params(height, width, rng, self.scale, self.ratio)
         flip = self.flip and rng.random() < 0.5
-        pixels = _pixels(image, self._reduction(image, min(h, w), self.size))
-        if pixels.shape[:2] == (height, width):
-            out = resize_box(pixels, top, left, h, w, self.size, self.size)
-        else:   # DCT-reduced: the box is fractional on the reduced grid
-            sy, sx = pixels.shape[0] / height, pixels.shape[1] / width
-            box = (left * sx, top * sy, (left + w) * sx, (top + h) * sy)
-            out = resize_subpixel(pixels, box, self.size, self.size)
+        reduce = self._reduction(image, min(h, w), self.size)
+        if isinstance(image, Encoded) and image.decodes_regions:
+            out = _decode_box(image, (left, top, left + w, top + h), reduce, self.size)
+        else:
+            pixels = _pixels(image, reduce)
+            if pixels.shape[:2] == (height, width):
+                out = resize_box(pixels, top, left, h, w, self.size, self.size)
+            else:   # DCT-reduced: the box is fractional on the reduced grid
+                sy, sx = pixels.shape[0] / height, pixels.shape[1] / width
+                box = (left * sx, top * sy, (left + w) * sx, (top + h) * sy)
+                out = resize_subpixel(pixels, box, self.size, self.size)
         if flip:
             out = out.flip(-1)   # ~20 us on 150 KB: cheaper here than a per-sample flag to the device
         return self._finish(out)
@@ -213,7 +268,16 @@ class ValTransform(_Transform):
     def __call__(self, image, rng: np.random.Generator | None = None) -> torch.Tensor:
         height, width = _size(image)
         new_h, new_w, top, left = val_geometry(height, width, self.size, self.crop_fraction)
-        pixels = _pixels(image, self._reduction(image, min(height, width), min(new_h, new_w)))
+        reduce = self._reduction(image, min(height, width), min(new_h, new_w))
+        regions = isinstance(image, Encoded) and image.decodes_regions
+        if regions and reduce > 1:
+            box = val_box(height, width, self.size, self.crop_fraction)
+            return self._finish(_decode_box(image, box, reduce, self.size))
+        if regions:   # only what the centre crop's resize reads
+            pixels = _decoded_within(image, _torch_reach(top, top + self.size, height, new_h),
+                                     _torch_reach(left, left + self.size, width, new_w))
+        else:
+            pixels = _pixels(image, reduce)
         if pixels.shape[:2] != (height, width):   # DCT-reduced: a fractional box, as for training
             left_, top_, right, bottom = val_box(height, width, self.size, self.crop_fraction)
             sy, sx = pixels.shape[0] / height, pixels.shape[1] / width
