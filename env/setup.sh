@@ -6,7 +6,8 @@
 #
 # 1. System packages (root on Debian: installed with apt-get; otherwise: listed, with how to get them)
 # 2. .venv with torch (CPU build without a GPU), then this project with its test extras and
-#    DeepSpeed (extra `deepspeed`, for parallel.backend: deepspeed; pure Python, after torch)
+#    DeepSpeed (extra `deepspeed`, for parallel.backend: deepspeed; pure Python, after torch);
+#    simplejpeg and the crop-region JPEG decoder (hpc_train/data/_cropjpeg.c, built in place)
 # 3. Horovod 0.28.1 built against that torch (cached wheel; see env/install-horovod.sh)
 # 4. Demo data (real JPEGs -> HDF5 shards under data/) for jobs/smoke.yaml
 # 5. As root, where no Slurm answers: the project's single-node Slurm, left running
@@ -30,7 +31,7 @@ for arg in "$@"; do
         --no-horovod) horovod=0 ;;
         --no-deepspeed) deepspeed=0 ;;
         --no-slurm) slurm=0 ;;
-        -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
         *) echo "unknown option: $arg (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -47,15 +48,23 @@ declare -A deb_probe=(
     [g++]="g++" [make]="make" [cmake]="cmake" [hdf5-tools]="h5ls"
     # the multi-node Slurm on one machine (env/slurm/start.sh --nodes 3): namespaces, bridge, veths
     [iproute2]="ip" [util-linux]="nsenter"
+    # libjpeg-turbo's headers for the crop-region JPEG decoder (hpc_train/data/_cropjpeg.c)
+    [libjpeg62-turbo-dev]="/usr/include/jpeglib.h"
 )
 missing=()
+present() {   # a command on PATH (also the admin's sbin), or a file named by its path
+    case "$1" in
+        /*) [ -e "$1" ] ;;
+        *) command -v "$1" >/dev/null 2>&1 || PATH="$PATH:/usr/sbin:/sbin" command -v "$1" >/dev/null 2>&1 ;;
+    esac
+}
 for pkg in "${!deb_probe[@]}"; do
-    command -v "${deb_probe[$pkg]}" >/dev/null 2>&1 || PATH="$PATH:/usr/sbin:/sbin" command -v "${deb_probe[$pkg]}" >/dev/null 2>&1 || missing+=("$pkg")
+    present "${deb_probe[$pkg]}" || missing+=("$pkg")
 done
 if ! "${PYTHON:-python3}" -m venv --help >/dev/null 2>&1; then missing+=(python3-venv); fi
 
 if [ "${#missing[@]}" -eq 0 ]; then
-    say "system packages: all present (OpenMPI, Slurm, munge, slurmdbd, MariaDB, compilers)"
+    say "system packages: all present (OpenMPI, Slurm, munge, slurmdbd, MariaDB, compilers, libjpeg-turbo headers)"
 elif [ "$system" -eq 1 ] && [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null; then
     say "system packages: installing ${missing[*]}"
     export DEBIAN_FRONTEND=noninteractive
@@ -131,6 +140,14 @@ elif pip install -q --only-binary=:all: "simplejpeg>=1.7"; then
     say "simplejpeg: installed (fast JPEG decode for the data pipeline)"
 else
     say "simplejpeg: no wheel for this platform; JPEG decoding falls back to Pillow (slower)"
+fi
+
+# The crop-region JPEG decoder (a C extension against the system libjpeg-turbo): rebuilt only
+# when its source or the interpreter changed; where it cannot build, simplejpeg or Pillow decode.
+if cropjpeg="$("$py" -m hpc_train.data.cropjpeg_build 2>&1)"; then
+    say "cropjpeg: $cropjpeg (crop-region JPEG decode for the data pipeline)"
+else
+    say "cropjpeg: not built: $cropjpeg"
 fi
 
 # ---------------------------------------------------------------- 3. Horovod

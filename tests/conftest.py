@@ -161,7 +161,8 @@ def python() -> str:
 
 @pytest.fixture
 def jpeg_decoders() -> list[str]:
-    """The JPEG decoders this environment has: pillow always, simplejpeg when installed."""
+    """The JPEG decoders this environment has, slowest first: pillow always, simplejpeg when
+    installed, cropjpeg when built (env/setup.sh)."""
     from hpc_train.data import decode
 
-    return ["pillow"] + (["simplejpeg"] if decode.simplejpeg is not None else [])
+    return decode.installed_decoders()[::-1]

@@ -20,7 +20,7 @@ def _add_data(sub: argparse._SubParsersAction) -> None:
         description="Measure, in one run and in alternating rounds, the images/s through the same "
                     "DataLoader settings of: the torchvision recipe on a folder of JPEG files "
                     "(Pillow, float32; the baseline), our decode + transform on the same files, on "
-                    "our HDF5 shards (batched, item by item, with the Pillow decoder), on raw "
+                    "our HDF5 shards (batched, item by item, with each slower JPEG decoder), on raw "
                     "shards (--raw-shards) and on JPEG bytes in memory (our ceiling). Also images/s "
                     "per worker core and the cores one GPU at 3,000 images/s needs. Page cache: warm.")
     p.add_argument("--src", required=True, metavar="DIR",

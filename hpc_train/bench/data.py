@@ -6,9 +6,11 @@
                 the crop and flip come from the same per-sample generator as ours.
   folder        our decode + transform on the same files: the storage alone differs from shards
   shards-jpeg   ours: HDF5 shards, block-ordered sampler, batched reads (__getitems__), header
-                first, simplejpeg decode (scaled when the crop allows), torch SIMD resize, uint8
+                first, the fastest installed decoder (cropjpeg: only the crop's rows and columns;
+                scaled when the crop allows), torch SIMD resize, uint8
   shards-jpeg-1 the same, item by item (no __getitems__): does the batched read help?
-  shards-jpeg-pillow  the same with the Pillow decoder (the fallback without simplejpeg)
+  shards-jpeg-DECODER  the same with each slower installed decoder (simplejpeg, pillow): what
+                the faster one gains, and what a node without it gets
   shards-raw    raw-pixel shards, if --raw-shards is given (no JPEG decode at all)
   memory        our decode + transform of JPEG bytes already in memory: our ceiling
 Every configuration runs through the same DataLoader settings (workers, batch, start method,
@@ -190,10 +192,11 @@ def build_configs(args) -> list[Config]:
                           shards, block, args))
     configs.append(Config("shards-jpeg-1", "HDF5 shards, item by item", ItemByItem(shards),
                           block, args))
-    if decode.jpeg_decoder() != "pillow":
-        configs.append(Config("shards-jpeg-pillow", "HDF5 shards, batched reads, Pillow decoder",
-                              ShardedImages(args.shards, args.split, transform, decoder="pillow"),
-                              block, args))
+    for decoder in decode.installed_decoders():
+        if decoder != decode.jpeg_decoder():
+            configs.append(Config(f"shards-jpeg-{decoder}", f"HDF5 shards, batched reads, {decoder}",
+                                  ShardedImages(args.shards, args.split, transform,
+                                                decoder=decoder), block, args))
     if args.raw_shards:
         raw = ShardedImages(args.raw_shards, args.split, transform)
         if raw.encoding != "raw":
@@ -229,6 +232,15 @@ def measure(configs: list[Config], args, say) -> None:
             f"{c.name} {c.rates[-1]:.0f}" for c in configs))
 
 
+def fallbacks(files: list[Path]) -> dict[str, int]:
+    """How many of the images the chosen decoder passes to a slower one, by reason (headers
+    only, in this process: the workers' own counts stay in the workers)."""
+    before = decode.FALLBACKS.copy()
+    for path in files:
+        decode.open_encoded(path.read_bytes())
+    return {reason.value: count for reason, count in (decode.FALLBACKS - before).items()}
+
+
 def results(configs: list[Config], args) -> dict:
     median = medians({c.name: c.rates for c in configs})
     cores = max(1, args.workers)    # the worker processes do the decoding; 0 = the main process
@@ -249,6 +261,7 @@ def results(configs: list[Config], args) -> dict:
         "workers": args.workers, "start_method": args.start_method, "rounds": args.rounds,
         "block_size": args.block_size, "draft": not args.no_draft, "output": args.output,
         "jpeg_decoder": decode.jpeg_decoder(), "gpu_images_per_s": GPU_IMAGES_PER_S,
+        "jpeg_fallbacks": fallbacks(list_folder(Path(args.src))[0]),
         "cpu_count": os.cpu_count(), "torch": torch.__version__,
         "page_cache": "warm (not dropped: needs root); every file was read during warm-up"}}
 
@@ -257,7 +270,8 @@ def render(report: dict) -> None:
     s = report["settings"]
     header = (f"split {s['split']}, {s['image_size']} px, batch {s['batch']}, {s['workers']} "
               f"workers ({s['start_method']}), ours: {s['jpeg_decoder']}, {s['output']} out, draft "
-              f"{'on' if s['draft'] else 'off'}; median of {s['rounds']} rounds, page cache warm")
+              f"{'on' if s['draft'] else 'off'}; median of {s['rounds']} rounds, page cache warm; "
+              f"to a slower decoder: {s['jpeg_fallbacks'] or 'none'}")
     columns = ("config", "images/s", "min-max", "vs torchvision", "vs ceiling", "per core",
                f"cores/GPU @{s['gpu_images_per_s']}", "what")
     lines = [(r["config"], f"{r['images_per_s']:.0f}", f"{r['min']:.0f}-{r['max']:.0f}",

@@ -11,6 +11,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from hpc_train.cli import main
+from hpc_train.data import decode
 from hpc_train.data.sampler import SampleKey
 from hpc_train.data.shard_dataset import ShardedImages
 from hpc_train.data.transforms import TrainTransform, rrc_params, sample_rng
@@ -77,7 +78,13 @@ def test_a_key_gives_the_same_tensors_in_any_loader(shards, workers, start_metho
             pids = worker_pids(train)
 
 
-def test_resumed_epoch_equals_the_tail_of_the_uninterrupted_one(shards):
+@pytest.mark.parametrize("decoder", decode.DECODERS)
+def test_resumed_epoch_equals_the_tail_of_the_uninterrupted_one(shards, decoder, jpeg_decoders,
+                                                                monkeypatch):
+    if decoder not in jpeg_decoders:
+        pytest.skip(f"{decoder} is not installed")
+    monkeypatch.setenv(decode.DECODER_ENV, decoder)         # workers inherit it
+    assert decode.jpeg_decoder() == decoder
     train, _ = loaders(shards, workers=0, batch=4)
     train.sampler.set_epoch(2)
     uninterrupted = list(train)

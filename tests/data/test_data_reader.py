@@ -279,9 +279,10 @@ def test_bench_data_measures_every_configuration(tmp_path, capsys):
     rows = {r["config"]: r for r in report["rows"]}
     from hpc_train.data import decode
 
-    pillow_row = {"shards-jpeg-pillow"} if decode.simplejpeg is not None else set()
+    slower = {f"shards-jpeg-{d}" for d in decode.installed_decoders()[1:]}
     assert set(rows) == {"torchvision", "folder", "shards-jpeg", "shards-jpeg-1", "shards-raw",
-                         "memory", *pillow_row}
+                         "memory", *slower}
+    assert report["settings"]["jpeg_fallbacks"] == {}          # all baseline RGB JPEGs
     assert all(r["images_per_s"] > 0 and len(r["rounds"]) == 2 for r in rows.values())
     assert rows["torchvision"]["vs_torchvision"] == 1.0 and rows["memory"]["vs_ceiling"] == 1.0
     for r in rows.values():   # --workers 0: the main process is the one core

@@ -25,13 +25,16 @@ import pytest
 import torch
 from PIL import Image
 
-from hpc_train.data import transforms
+from hpc_train.data import decode, transforms
 from hpc_train.data.decode import open_encoded
 from hpc_train.data.demo import make_image
 from hpc_train.data.transforms import (TrainTransform, ValTransform, normalize_batch, rrc_params,
                                        val_geometry)
 
 DRAWS = 2000
+# The box tests watch which pixels reach the resize, so they use a decoder that decodes the whole
+# image; tests/data/test_cropjpeg.py shows the region decoder gives the same output.
+WHOLE = "simplejpeg" if decode.simplejpeg is not None else "pillow"
 
 
 @pytest.fixture(autouse=True)
@@ -125,7 +128,7 @@ def _features(boxes: np.ndarray, height: int, width: int) -> dict[str, np.ndarra
     (1000, 750, True),      # large: many crops are decoded at 1/2
 ])
 def test_crop_distribution_matches_torchvision(monkeypatch, width, height, reduced):
-    image = open_encoded(_jpeg(np.full((height, width, 3), 128, np.uint8)))
+    image = open_encoded(_jpeg(np.full((height, width, 3), 128, np.uint8)), WHOLE)
     ours = used_boxes(monkeypatch, image, 224, DRAWS)
     assert (ours[:, 4] > 1).any() == reduced
     torch.manual_seed(1234)
@@ -152,7 +155,7 @@ def test_the_test_detects_a_wrong_distribution():
 
 @pytest.mark.parametrize("height, width", [(60, 1000), (1000, 60), (120, 500)])
 def test_fallback_centre_crop_matches_torchvision(monkeypatch, height, width):
-    image = open_encoded(_jpeg(np.full((height, width, 3), 90, np.uint8)))
+    image = open_encoded(_jpeg(np.full((height, width, 3), 90, np.uint8)), WHOLE)
     ours = used_boxes(monkeypatch, image, 32, 400)
     torch.manual_seed(7)
     reference = np.array([torchvision_get_params(height, width) for _ in range(400)], float)
@@ -180,10 +183,10 @@ def _demo_jpegs(side: int, count: int = 8) -> list[bytes]:
     return [_jpeg(make_image(k % 10, 10, rng, side)) for k in range(count)]
 
 
-@pytest.mark.parametrize("decoder", ["simplejpeg", "pillow"])
+@pytest.mark.parametrize("decoder", ["cropjpeg", "simplejpeg", "pillow"])
 def test_full_resolution_pixels_match_the_torchvision_recipe(decoder, jpeg_decoders):
     if decoder not in jpeg_decoders:
-        pytest.skip("simplejpeg is not installed")
+        pytest.skip(f"{decoder} is not installed")
     diffs = []
     for data in _demo_jpegs(300):
         for seed in range(4):
@@ -202,10 +205,10 @@ def _smooth_jpeg(height: int = 1200, width: int = 1600) -> bytes:
     return _jpeg(np.clip(pixels, 0, 255).astype(np.uint8))
 
 
-@pytest.mark.parametrize("decoder", ["simplejpeg", "pillow"])
+@pytest.mark.parametrize("decoder", ["cropjpeg", "simplejpeg", "pillow"])
 def test_reduced_decodes_stay_within_the_stated_tolerance(decoder, jpeg_decoders):
     if decoder not in jpeg_decoders:
-        pytest.skip("simplejpeg is not installed")
+        pytest.skip(f"{decoder} is not installed")
     cases = [(data, 16.0, 255) for data in _demo_jpegs(520, 4)] + [(_smooth_jpeg(), 1.0, 4)]
     reduced = 0
     for data, mean_limit, max_limit in cases:
@@ -222,10 +225,10 @@ def test_reduced_decodes_stay_within_the_stated_tolerance(decoder, jpeg_decoders
     assert reduced >= 10
 
 
-@pytest.mark.parametrize("decoder", ["simplejpeg", "pillow"])
+@pytest.mark.parametrize("decoder", ["cropjpeg", "simplejpeg", "pillow"])
 def test_validation_pixels_match_resize_then_centre_crop(decoder, jpeg_decoders):
     if decoder not in jpeg_decoders:
-        pytest.skip("simplejpeg is not installed")
+        pytest.skip(f"{decoder} is not installed")
     for data in _demo_jpegs(300, 4):
         img = Image.open(io.BytesIO(data)).convert("RGB")
         new_h, new_w, top, left = val_geometry(img.height, img.width, 160)
@@ -244,12 +247,11 @@ def test_uint8_then_device_normalisation_is_bit_identical_to_worker_normalisatio
         assert torch.equal(normalize_batch(uint8[None])[0], floats)
 
 
-def test_without_simplejpeg_pillow_decodes(monkeypatch):
-    from hpc_train.data import decode
-
+def test_without_simplejpeg_or_cropjpeg_pillow_decodes(monkeypatch):
     data = _demo_jpegs(120, 1)[0]
     with_default = TrainTransform(64, normalize=False)(open_encoded(data), np.random.default_rng(0))
     monkeypatch.setattr(decode, "simplejpeg", None)            # as on a node without the wheel
+    monkeypatch.setattr(decode, "_cropjpeg", None)             # nor the built extension
     assert decode.jpeg_decoder() == "pillow"
     image = open_encoded(data)
     assert image.decoder == "pillow"
@@ -262,5 +264,7 @@ def test_decoder_choice_from_the_environment(jpeg_decoders):
 
     assert jpeg_decoder({"HPC_TRAIN_JPEG_DECODER": "pillow"}) == "pillow"
     assert jpeg_decoder({}) == jpeg_decoders[-1]
+    assert jpeg_decoder({"HPC_TRAIN_JPEG_DECODER": "simplejpeg"}) == [
+        d for d in jpeg_decoders if d != "cropjpeg"][-1]      # the next one down if not installed
     with pytest.raises(ValueError, match="HPC_TRAIN_JPEG_DECODER='turbo'"):
         jpeg_decoder({"HPC_TRAIN_JPEG_DECODER": "turbo"})

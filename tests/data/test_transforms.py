@@ -124,10 +124,10 @@ def test_val_transform_equals_resize_then_crop():
     assert (out - reference).abs().max() < 2 / 255
 
 
-@pytest.mark.parametrize("decoder", ["simplejpeg", "pillow"])
+@pytest.mark.parametrize("decoder", ["cropjpeg", "simplejpeg", "pillow"])
 def test_reduced_decode_of_a_large_jpeg(decoder, jpeg_decoders):
     if decoder not in jpeg_decoders:
-        pytest.skip("simplejpeg is not installed")
+        pytest.skip(f"{decoder} is not installed")
     data = _jpeg(1024, 800)
     image = open_encoded(data, decoder)
     assert image.size == (800, 1024)                      # the header, nothing decoded yet
