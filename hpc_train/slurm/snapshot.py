@@ -7,8 +7,8 @@ and link the run to it (`<run dir>/code`). The job's driver line puts that link 
 PYTHONPATH (slurm/script.py), the ranks inherit it, and a requeue runs the same script: every
 start of the run imports the submitted code. Runs of the same source share one copy.
 
-Only source is copied (`.py` files; the package has no data files), read once: the hash is of
-the bytes written. Nothing in the source or the snapshot is imported or run here. The spec has
+Only source is copied (`.py` files, and the `.so` extension modules built from the package's C
+source), read once: the hash is of the bytes written. Nothing in the source or the snapshot is imported or run here. The spec has
 no notion of user modules (models come from the package's own catalog), so there is nothing
 else to copy.
 """
@@ -26,7 +26,10 @@ from hpc_train.errors import SubmitError
 from hpc_train.rundir import RunPaths
 
 PACKAGE = "hpc_train"
-SUFFIXES = (".py",)          # package data would go here (e.g. ".json") once the package has some
+# Source, and the extension modules built in place from it (the crop-region JPEG decoder,
+# hpc_train/data/_cropjpeg.c): without them a job would import the snapshot's Python only and
+# decode with the slower fallback.
+SUFFIXES = (".py", ".so")
 _SKIP_DIRS = ("__pycache__",)
 
 

@@ -138,3 +138,15 @@ def test_code_problem_only_when_the_snapshot_was_asked_for_and_missed(tmp_path):
     assert code_problem({"PYTHONPATH": "/other"}, link, tmp_path / "checkout" / "hpc_train") is None
     problem = code_problem(asked, link, tmp_path / "checkout" / "hpc_train")
     assert "not from the run's snapshot" in problem and "Fix:" in problem
+
+
+def test_the_built_jpeg_decoder_travels_with_the_snapshot(tmp_path):
+    """A job imports the snapshot: the extension built in place must be in it, or the job decodes
+    with the slower fallback while the checkout it came from has the fast one."""
+    package = tmp_path / "hpc_train"
+    (package / "data").mkdir(parents=True)
+    (package / "data" / "decode.py").write_text("")
+    (package / "data" / "_cropjpeg.cpython-311-x86_64-linux-gnu.so").write_bytes(b"\x7fELF")
+    (package / "data" / "_cropjpeg.cpython-311-x86_64-linux-gnu.so.stamp").write_text("x")
+    assert snapshot.source_files(package) == ["data/_cropjpeg.cpython-311-x86_64-linux-gnu.so",
+                                              "data/decode.py"]
