@@ -44,8 +44,8 @@ def horovod_env(knobs, paths: RunPaths, restart: int = 0) -> dict[str, str]:
 
 # One core per rank: Horovod's background thread wakes every cycle (5 ms by default) and Open
 # MPI's progress engine busy-polls while it waits; both take the core the rank computes on. On
-# 2 ranks with one core each (bench train, jobs/smoke.yaml) Horovod ran at 0.49x DDP's images/s
-# untuned and 1.01x with both set (docs/benchmarks.md).
+# 2 ranks with one core each (bench train, jobs/smoke.yaml) Horovod ran at 0.68x DDP's images/s
+# untuned and 0.96x with both set, in runs of the same command (docs/benchmarks.md).
 FEW_CORE_CYCLE_MS = 10
 OPENMPI_YIELD = "OMPI_MCA_mpi_yield_when_idle"
 

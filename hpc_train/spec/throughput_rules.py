@@ -77,7 +77,7 @@ def horovod_on_one_core_untuned(spec: JobSpec) -> Iterator[Problem]:
             and not spec.parallel.horovod.few_core_tuning):
         yield Problem("parallel.horovod.few_core_tuning", "false with one core per rank",
                       "Horovod's background thread and MPI's polling then share the rank's core "
-                      "(0.49x DDP's images/s measured on 2 such ranks, 1.01x tuned)",
+                      "(0.68x DDP's images/s measured on 2 such ranks, 0.96x tuned)",
                       "set parallel.horovod.few_core_tuning: true, or slurm.cpus_per_task: 2")
 
 
