@@ -22,7 +22,7 @@ from hpc_train.spec.problems import SpecInvalid
 from hpc_train.spec.rules import check_spec
 from hpc_train.runtime.stop import STOP_EXIT
 from tests.conftest import REPO
-from tests.runs import drive, events, local_run, metrics_after
+from tests.runs import drive, events, layout_step, local_run, metrics_after, sharded_tensors
 
 needs_deepspeed = pytest.mark.skipif(not deepspeed_config.installed(),
                                      reason="DeepSpeed not installed (extra `deepspeed`)")
@@ -205,24 +205,7 @@ def whole_model_digest(paths, checkpoint) -> str:
 
 def engine_tensors(paths, step: int) -> dict:
     """Every tensor of the DeepSpeed shards of checkpoint `step`, by file and path."""
-    import torch
-
-    found = {}
-
-    def walk(value, where):
-        if isinstance(value, torch.Tensor):
-            found[where] = value
-        elif isinstance(value, dict):
-            for key, item in value.items():
-                walk(item, f"{where}.{key}")
-        elif isinstance(value, list | tuple):
-            for i, item in enumerate(value):
-                walk(item, f"{where}[{i}]")
-
-    directory = paths.checkpoints / layout.step_dir_name(step) / layout.SHARDED / ENGINE_TAG
-    for path in sorted(directory.iterdir()):
-        walk(torch.load(path, map_location="cpu", weights_only=False), path.name)
-    return found
+    return sharded_tensors(layout_step(paths, step))
 
 
 @needs_deepspeed
