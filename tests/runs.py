@@ -258,8 +258,8 @@ def sharded_tensors(directory: Path) -> dict:
 
 def assert_same_training(paths: RunPaths, straight: RunPaths, total_steps: int, ranks: int = 2) -> None:
     """A run interrupted and resumed ended as the uninterrupted `straight` one: the same steps,
-    every rank's parameters, optimizer and buffers bit-identical (a sharded run's every shard), and the loss of every step
-    trained (again) after a resume the uninterrupted run's at that step."""
+    every rank's parameters, optimizer and buffers bit-identical (a sharded run's every shard),
+    and the loss of every step trained (again) after a resume the uninterrupted run's at that step."""
     import pytest
 
     for run in (paths, straight):

@@ -20,6 +20,7 @@ import torch
 
 from hpc_train.bench.checkpoint import bare_save
 from hpc_train.bench.ranks import serve
+from hpc_train.bench.state_memory import tensors_in
 from hpc_train.checkpoint.manager import CheckpointManager
 from hpc_train.launch.identity import RankInfo
 from hpc_train.rundir import RunPaths
@@ -82,21 +83,9 @@ def measure(settings: dict, identity: RankInfo, heartbeat) -> dict:
         for run in order:
             run(i + 1)
             heartbeat.progress(step=i + 1)
-    size = sum(t.numel() * t.element_size() for t in _tensors(whole)) if rank == 0 else None
+    size = sum(t.numel() * t.element_size() for t in tensors_in(whole)) if rank == 0 else None
     parts.backend.shutdown()
     return {"rank": rank, "times": times, "state_bytes": size}
-
-
-def _tensors(state):
-    """Every tensor of a nested state dict."""
-    if isinstance(state, torch.Tensor):
-        yield state
-    elif isinstance(state, dict):
-        for value in state.values():
-            yield from _tensors(value)
-    elif isinstance(state, list | tuple):
-        for value in state:
-            yield from _tensors(value)
 
 
 if __name__ == "__main__":

@@ -118,8 +118,9 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
                       "vs bare loop, allreduce vs raw MPI, memory and bytes per step",
         description="Run the spec's model under each configuration of a matrix (default: ddp and "
                     "horovod, or any of fsdp, zero1, zero2, zero3; fp32 and fp16; fp16 "
-                    "compression for horovod; 1 rank and the whole allocation; synthetic and the spec's own data), through the driver's launcher "
-                    "and the real Trainer, in alternating rounds, warm-up steps excluded; beside "
+                    "compression for horovod and ddp; 1 rank and the whole allocation; synthetic "
+                    "and the spec's own data), through the driver's launcher and the real "
+                    "Trainer, in alternating rounds, warm-up steps excluded; beside "
                     "them a bare PyTorch loop (the trainer's overhead) and the gradient allreduce "
                     "of Horovod and DDP against mpi4py (same bytes). Reports images/s, the "
                     "ImageNet epoch time, scaling efficiency, a per-step breakdown, peak memory "
@@ -132,7 +133,9 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
                    help="from ddp,horovod,fsdp,zero1,zero2,zero3 (zeroN: DeepSpeed ZeRO stage N; "
                         "default ddp,horovod)")
     p.add_argument("--precisions", metavar="LIST", help="from fp32,fp16,bf16 (default fp32,fp16)")
-    p.add_argument("--compressions", metavar="LIST", help="none,fp16 (default both; fp16 for horovod only)")
+    p.add_argument("--compressions", metavar="LIST",
+                   help="none,fp16,bf16,powersgd (default none,fp16; each under the backends that "
+                   "have it: horovod fp16, ddp all)")
     p.add_argument("--ranks", metavar="LIST", help="1 and/or the spec's world size (default both)")
     p.add_argument("--accumulation", metavar="LIST", help="backward passes per step (default 1)")
     p.add_argument("--data", metavar="LIST", help="synthetic,real (default both; real = the spec's data)")

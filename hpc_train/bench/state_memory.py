@@ -55,7 +55,7 @@ class _Storages:
         self.bytes = dict.fromkeys(KINDS, 0)
 
     def add(self, kind: str, tensors: Iterable) -> None:
-        for tensor in _tensors(tensors):
+        for tensor in tensors_in(tensors):
             tensor = tensor.to_local() if hasattr(tensor, "to_local") else tensor
             storage = tensor.untyped_storage()
             key = (str(tensor.device), storage.data_ptr())
@@ -68,7 +68,7 @@ class _Storages:
         return StateBytes(**self.bytes)
 
 
-def _tensors(found) -> Iterator:
+def tensors_in(found) -> Iterator:
     """Every tensor in `found`: a tensor, or lists, tuples and dicts of them (nested)."""
     import torch
 
@@ -76,10 +76,10 @@ def _tensors(found) -> Iterator:
         yield found
     elif isinstance(found, dict):
         for value in found.values():
-            yield from _tensors(value)
+            yield from tensors_in(value)
     elif isinstance(found, (list, tuple)):
         for value in found:
-            yield from _tensors(value)
+            yield from tensors_in(value)
 
 
 def _optimizer_state(optimizer) -> list:
@@ -97,12 +97,6 @@ def data_parallel_state(model, optimizer) -> StateBytes:
     return storages.result()
 
 
-def fsdp_state(model, optimizer) -> StateBytes:
-    """FSDP2: this rank's shards (DTensors' local tensors) of parameters, gradients and state;
-    parameters gathered whole for a forward or backward are the rest."""
-    return data_parallel_state(model, optimizer)   # _Storages takes each DTensor's local shard
-
-
 MASTER = ("single_partition_of_fp32_groups", "fp32_partitioned_groups_flat")
 FLAT_PARAMETERS = ("bit16_groups_flat", "fp16_partitioned_groups_flat")
 GRADIENT_BUFFERS = ("averaged_gradients", "grads_in_partition", "ipg_buffer",
@@ -118,7 +112,7 @@ def deepspeed_state(engine) -> StateBytes:
     storages.add("parameters", [getattr(zero, name, None) for name in FLAT_PARAMETERS])
     storages.add("parameters", [p.ds_tensor for p in params if getattr(p, "ds_tensor", None) is not None])
     storages.add("parameters", [p.data for p in params])
-    master = [t for name in MASTER for t in _tensors(getattr(zero, name, None))]
+    master = [t for name in MASTER for t in tensors_in(getattr(zero, name, None))]
     storages.add("gradients", [t.grad for t in master if t.grad is not None])
     storages.add("gradients", [getattr(zero, name, None) for name in GRADIENT_BUFFERS])
     storages.add("gradients", [p.grad for p in params if p.grad is not None])
@@ -131,8 +125,8 @@ def state_of(backend: str, parts) -> StateBytes:
     """The split for a trainer's parts of this bench backend name (ddp, horovod, fsdp, zeroN)."""
     if backend.startswith("zero"):
         return deepspeed_state(parts.engine)
-    if backend == "fsdp":
-        return fsdp_state(parts.model, parts.optimizer)
+    # FSDP2 too: _Storages takes each DTensor's local shard (parameters gathered whole for a
+    # forward or backward are the rest).
     return data_parallel_state(parts.model, parts.optimizer)
 
 

@@ -6,10 +6,10 @@ bare loop (`kind` "bare": the same model, batch, precision and backend in a plai
 the baseline of the trainer's overhead), with a backend, precision, compression, rank count,
 accumulation and data source. The backends are the spec's parallel.backend values, with
 DeepSpeed named by its ZeRO stage: `zero1`, `zero2`, `zero3` (parallel.backend deepspeed with
-parallel.deepspeed.stage 1, 2, 3); the bare loop exists for ddp and horovod only. One launch runs every configuration of one rank count once, a
-trainer and its bare baseline interleaved; the rounds alternate the order of launches and of
-configurations within them (reversed every other round), so load from other work on a shared
-machine falls on all of them alike.
+parallel.deepspeed.stage 1, 2, 3); the bare loop exists for ddp and horovod only. One launch
+runs every configuration of one rank count once, a trainer and its bare baseline interleaved;
+the rounds alternate the order of launches and of configurations within them (reversed every
+other round), so load from other work on a shared machine falls on all of them alike.
 """
 
 from __future__ import annotations

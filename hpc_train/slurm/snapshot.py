@@ -8,9 +8,9 @@ PYTHONPATH (slurm/script.py), the ranks inherit it, and a requeue runs the same 
 start of the run imports the submitted code. Runs of the same source share one copy.
 
 Only source is copied (`.py` files, and the `.so` extension modules built from the package's C
-source), read once: the hash is of the bytes written. Nothing in the source or the snapshot is imported or run here. The spec has
-no notion of user modules (models come from the package's own catalog), so there is nothing
-else to copy.
+source), read once: the hash is of the bytes written. Nothing in the source or the snapshot is
+imported or run here. The spec has no notion of user modules (models come from the package's
+own catalog), so there is nothing else to copy.
 """
 
 from __future__ import annotations

@@ -42,15 +42,5 @@ def compression_the_backend_runs(spec: JobSpec) -> Iterator[Problem]:
     yield Problem("parallel.compression", f"{compression!r} with {where}", rule, fix)
 
 
-def powersgd_settings_unused(spec: JobSpec) -> Iterator[Problem]:
-    from hpc_train.spec.schema import PowerSgdSpec
-
-    if spec.parallel.compression != "powersgd" and spec.parallel.powersgd != PowerSgdSpec():
-        yield Problem("parallel.powersgd", f"set with parallel.compression "
-                      f"{spec.parallel.compression!r}", "only PowerSGD reads them",
-                      "set parallel.compression: powersgd (with parallel.backend: ddp), or "
-                      "remove parallel.powersgd")
-
-
 COMPRESSION_ERROR_RULES = (compression_the_backend_runs,)
-COMPRESSION_WARNING_RULES = (powersgd_settings_unused,)
+# parallel.powersgd set without PowerSGD: spec/rules.py's section_settings_unused.

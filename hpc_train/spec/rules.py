@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import fields, replace
 
 from hpc_train.launch.network import MPI_INTERFACE_VARS, RANK_INTERFACE_VARS
-from hpc_train.spec.compression_rules import COMPRESSION_ERROR_RULES, COMPRESSION_WARNING_RULES
+from hpc_train.spec.compression_rules import COMPRESSION_ERROR_RULES
 from hpc_train.spec.fsdp_rules import FSDP_ERROR_RULES, FSDP_WARNING_RULES
 from hpc_train.spec.deepspeed_rules import DEEPSPEED_ERROR_RULES
 from hpc_train.spec.node_range import NODE_RANGE_ERROR_RULES
@@ -132,21 +132,23 @@ def one_network_setting(spec: JobSpec) -> Iterator[Problem]:
                       f"remove launch.env.{name}, or remove launch.network_interface")
 
 
-# The parallel sections that tune one sharded backend each, named as that backend.
-BACKEND_SECTIONS = ("fsdp", "deepspeed")
+# The parallel sections that tune one choice each: (section, the parallel key that makes the
+# choice, the value that chooses it).
+SECTION_CHOICES = (("fsdp", "backend", "fsdp"), ("deepspeed", "backend", "deepspeed"),
+                   ("powersgd", "compression", "powersgd"))
 
 
-def backend_settings_unused(spec: JobSpec) -> Iterator[Problem]:
-    """A sharded backend's own settings in a job of another backend: ignored, so said."""
-    for backend in BACKEND_SECTIONS:
-        settings = getattr(spec.parallel, backend)
+def section_settings_unused(spec: JobSpec) -> Iterator[Problem]:
+    """A section's settings in a job that does not choose what they tune (a sharded backend's
+    under another backend, PowerSGD's without it): ignored, so said."""
+    for section, key, value in SECTION_CHOICES:
+        settings, chosen = getattr(spec.parallel, section), getattr(spec.parallel, key)
         defaults = type(settings)()
         changed = [f.name for f in fields(settings) if getattr(settings, f.name) != getattr(defaults, f.name)]
-        if changed and spec.parallel.backend != backend:
-            yield Problem(f"parallel.{backend}", f"{', '.join(changed)} with parallel.backend "
-                          f"{spec.parallel.backend!r}", f"these settings only tune {backend}; they "
-                          f"are ignored", f"set parallel.backend: {backend}, or remove the "
-                          f"parallel.{backend} keys")
+        if changed and chosen != value:
+            yield Problem(f"parallel.{section}", f"{', '.join(changed)} with parallel.{key} "
+                          f"{chosen!r}", f"these settings only tune {value}; they are ignored",
+                          f"set parallel.{key}: {value}, or remove the parallel.{section} keys")
 
 
 def pmi_needs_srun(spec: JobSpec) -> Iterator[Problem]:
@@ -168,9 +170,9 @@ ERROR_RULES: tuple[Rule, ...] = (hdf5_needs_path, signal_before_limit, keep_ever
                                  *DEEPSPEED_ERROR_RULES, *COMPRESSION_ERROR_RULES)
 WARNING_RULES: tuple[Rule, ...] = (idle_gpus, fixed_loss_scale_unused,
                                    warmup_shorter_than_training, milestones_within_training,
-                                   path_unused, pmi_needs_srun, copy_to_unused, backend_settings_unused,
+                                   path_unused, pmi_needs_srun, copy_to_unused,
                                    *PIPELINE_WARNING_RULES, *THROUGHPUT_WARNING_RULES,
-                                   *FSDP_WARNING_RULES, *COMPRESSION_WARNING_RULES)
+                                   *FSDP_WARNING_RULES, section_settings_unused)
 
 
 def check_spec(spec: JobSpec) -> tuple[list[Problem], list[Problem]]:

@@ -86,7 +86,8 @@ def test_each_backend_keeps_its_own_settings_quietly():
 
 
 def test_a_bad_dtype_names_the_choices():
-    with pytest.raises(SpecInvalid, match="parallel.fsdp.param_dtype .*'fp8' is not allowed: must be one of 'fp32', 'bf16', 'fp16'"):
+    with pytest.raises(SpecInvalid, match="parallel.fsdp.param_dtype .*'fp8' is not allowed: "
+                                          "must be one of 'fp32', 'bf16', 'fp16'"):
         spec_from_dict({"run": {"name": "t"}}, ["parallel.fsdp.param_dtype=fp8"])
 
 
