@@ -98,7 +98,7 @@ def describe_failure(paths: RunPaths, lines: int = 15) -> str:
     """The tails of the driver's and every rank's log: what a failed assertion should show."""
     parts = []
     for log in [*sorted(paths.submitit.glob("*.err")), *sorted(paths.root.glob("slurm-*.out")),
-                *sorted(paths.logs.glob("rank-*.log"))]:
+                *sorted(paths.logs.glob("rank-*.log")), *sorted(paths.logs.glob("node-*.log"))]:
         tail = log.read_text(errors="replace").splitlines()[-lines:]
         parts.append(f"--- {log}\n" + "\n".join(tail))
     return "\n".join(parts) or f"no logs under {paths.root}"

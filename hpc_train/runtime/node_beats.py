@@ -137,9 +137,8 @@ class NodeWriter:
         """The node's heartbeat file and, with per_node logs, its new lines (lock held)."""
         self._write_beats(read_local_beats(self.local), now)
         state.beats_written = now
-        if self.log_file is not None:
-            gather(self.local, state, self.log_file, flush)
-        state.write(self.local.state)
+        if self.log_file is None or not gather(self.local, state, self.log_file, flush):
+            state.write(self.local.state)      # (a gather that appended wrote it)
 
     def _write_beats(self, beats: dict[int, dict], now: float) -> None:
         record = node_record(self.host, self.rank, now, [beats[r] for r in sorted(beats)])

@@ -144,7 +144,8 @@ def new_lines(local: NodeLocal, offsets: Mapping[int, int], flush: set[int]) -> 
 
 def gather(local: NodeLocal, state: GatherState, target: Path, flush: Iterable[int] = ()) -> int:
     """Append the node's new lines to `target` in one write, exactly once; the caller holds
-    the node's lock and writes `state` back. Returns the bytes appended."""
+    the node's lock. Returns the bytes appended; when they are more than none, `state` is
+    written back (else the caller writes it)."""
     settle(state, target)
     block, after = new_lines(local, state.offsets, set(flush))
     if not block:

@@ -38,10 +38,12 @@ class Clock:
         return self.now
 
 
-def make_node(tmp_path, host: str, ranks, clock, log: bool = False, interval_from: float = 10.0):
-    """The ranks of one simulated node: (heartbeat, writer) per rank, threads not started."""
+def make_node(tmp_path, host: str, ranks, clock, log: bool = False, interval_from: float = 10.0,
+              local_base=None):
+    """The ranks of one simulated node: (heartbeat, writer) per rank, threads not started; the
+    node-local directories under `local_base` (default: beside the run directory)."""
     paths = RunPaths(tmp_path / "run")
-    local = NodeLocal(tmp_path / "local" / host).make()
+    local = NodeLocal((local_base or tmp_path / "local") / host).make()
     node = {}
     for rank in ranks:
         beat = Heartbeat(local.beat(rank), rank, interval_from, clock=clock, host=host)
