@@ -22,7 +22,10 @@ EVENTS_FILE = "events.jsonl"
 SLURM_OUTPUT = "slurm-%j.out"
 # The names `RunPaths.rank_log` gives, as `logs` and `diagnose` read them back.
 RANK_LOG = re.compile(r"rank-(\d+)\.log")
-HEARTBEAT_GLOB = "rank-*"       # heartbeat/ files, one per rank (see RunPaths.rank_heartbeat)
+# A node's log (`RunPaths.node_log`): the lines of every rank of the node, each "[rank N] ...".
+NODE_LOG = re.compile(r"node-(.+)\.log")
+HEARTBEAT_GLOB = "rank-*"       # heartbeat/ files of runs before node files, one per rank
+NODE_HEARTBEAT_GLOB = "node-*.json"   # heartbeat/ files, one per node (RunPaths.node_heartbeat)
 # Beside the run directories under the run root: the code snapshots, one folder per content
 # hash (slurm/snapshot.py); a run's `code` link points into it.
 CODE_CACHE = ".code"
@@ -34,6 +37,12 @@ def _per_run(stem: str, suffix: str, restart: int) -> str:
 
 def _rank_name(rank: int) -> str:
     return f"rank-{rank:05d}"
+
+
+def host_file_name(host: str) -> str:
+    """A host name as it may stand in a file name: anything but letters, digits, '.', '_'
+    and '-' becomes '_'."""
+    return re.sub(r"[^A-Za-z0-9._-]", "_", host) or "_"
 
 
 @dataclass(frozen=True)
@@ -121,7 +130,17 @@ class RunPaths:
         return self.logs / f"{_rank_name(rank)}.log"
 
     def rank_heartbeat(self, rank: int) -> Path:
+        """A rank's own heartbeat file: runs before node files (runtime/node_beats.py) wrote
+        these; read_beats still reads them."""
         return self.heartbeat / _rank_name(rank)
+
+    def node_heartbeat(self, host: str) -> Path:
+        """The beats of every rank on one node, written by one of them (runtime/node_beats.py)."""
+        return self.heartbeat / f"node-{host_file_name(host)}.json"
+
+    def node_log(self, host: str) -> Path:
+        """The lines of every rank on one node, gathered there (log.rank_logs: per_node)."""
+        return self.logs / f"node-{host_file_name(host)}.log"
 
     def horovod_timeline(self, restart: int = 0) -> Path:
         """Horovod's timeline (rank 0 writes it) of one run of the job: a requeued run writes

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -10,6 +11,7 @@ import sys
 from pathlib import Path
 
 from hpc_train.rundir import RunPaths, read_jsonl
+from hpc_train.runtime.heartbeat import read_beats
 from tests.conftest import REPO
 
 
@@ -96,7 +98,7 @@ def describe_failure(paths: RunPaths, lines: int = 15) -> str:
     """The tails of the driver's and every rank's log: what a failed assertion should show."""
     parts = []
     for log in [*sorted(paths.submitit.glob("*.err")), *sorted(paths.root.glob("slurm-*.out")),
-                *sorted(paths.logs.glob("rank-*.log"))]:
+                *sorted(paths.logs.glob("rank-*.log")), *sorted(paths.logs.glob("node-*.log"))]:
         tail = log.read_text(errors="replace").splitlines()[-lines:]
         parts.append(f"--- {log}\n" + "\n".join(tail))
     return "\n".join(parts) or f"no logs under {paths.root}"
@@ -120,13 +122,19 @@ def logged_step(paths: RunPaths, since: float = 0.0) -> int:
     return steps[-1] if steps else -1
 
 
+def rank_beat(paths: RunPaths, rank: int) -> dict:
+    """A rank's last beat as the run directory has it (its node's file, or an old rank file):
+    rank, step, phase, progress, time, pid, host, times; KeyError while it has none."""
+    return dataclasses.asdict(read_beats(paths.heartbeat)[rank])
+
+
 def heartbeat_step(paths: RunPaths, rank: int = 0) -> int:
     """How far the run is: the later of rank 0's last logged step and `rank`'s heartbeat (which
     a thread rewrites every few seconds, so it may lag a fast run); -1 before either exists."""
     logged = [m["step"] for m in read_jsonl(paths.metrics) if m.get("split") is None and "step" in m]
     try:
-        beat = json.loads(paths.rank_heartbeat(rank).read_text())["step"]
-    except (OSError, ValueError, KeyError):
+        beat = rank_beat(paths, rank)["step"]
+    except KeyError:
         beat = -1
     return max([beat, *logged[-1:]])
 

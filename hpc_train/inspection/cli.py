@@ -18,7 +18,6 @@ from hpc_train.rundir import RunPaths
 
 _JOB_ID = re.compile(r"\d+(_\d+)?")
 _FAILED = {*scheduler.FAILED_STATES, "CANCELLED"}
-_TAIL_BYTES = 64 * 1024      # a running job's stall warning is near the end of rank 0's log
 QUIET_MINUTES = 10.0   # status --stall-minutes: no heartbeat nor metric this long reads "no progress"
 
 
@@ -49,12 +48,6 @@ def find_run(target: str, root: Path) -> Path:
     raise InspectError(f"{target}: neither a run directory nor a job id")
 
 
-def _tail_lines(path: Path) -> list[str]:
-    with open(path, "rb") as handle:
-        handle.seek(max(0, path.stat().st_size - _TAIL_BYTES))
-        return handle.read().decode(errors="replace").splitlines()
-
-
 def build_status(run_dir: Path, slurm: bool = True, baseline: float | None = None,
                  quiet_minutes: float = QUIET_MINUTES):
     """One run's RunStatus, with Slurm's live state and a diagnosis when it failed or stalls."""
@@ -68,8 +61,8 @@ def build_status(run_dir: Path, slurm: bool = True, baseline: float | None = Non
     if slurm and submission and submission[1] == "slurm":
         live = scheduler.live_state(submission[0])
     if (live.state if live else ev.state(run.events)) == "RUNNING":
-        for path in logs.rank_logs(paths).values():
-            run.waiting_ranks += signatures.missing_ranks(_tail_lines(path))
+        for lines in logs.tails(paths):
+            run.waiting_ranks += signatures.missing_ranks(lines)
     now = time.time()
     status = summary.summarize(run, now, live, baseline, quiet_minutes * 60)
     if live is not None and live.state.active:

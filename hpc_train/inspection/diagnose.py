@@ -213,8 +213,9 @@ def diagnose(paths: RunPaths, run: int | None = None, slurm: Job | None = None,
     begin, end = events.run_window(starts, index)
     window = events.in_window(history, begin, end)
     lines: dict[int, list[Line]] = {}
-    for rank, path in logs.rank_logs(paths).items():
-        lines[rank] = list(logs.in_run(logs.read_rank(path, rank), starts, index))
+    rank_logs = logs.rank_logs(paths)
+    for rank, log in rank_logs.items():
+        lines[rank] = list(logs.in_run(logs.read_rank(log), starts, index))
     per_rank = {rank: tracebacks(found) for rank, found in lines.items()}
     started = events.named(history, events.STARTED)
     job_id = started[index].get("job_id") if index < len(started) else None
@@ -234,7 +235,8 @@ def diagnose(paths: RunPaths, run: int | None = None, slurm: Job | None = None,
     else:
         traced = first_failure(per_rank)
         silent = None if stop else silent_failure(per_rank, ended, lines)
-    signatures = [_describe(m) for m in match_signatures(_signature_lines(paths, driver, lines, slurm, window))]
+    names = {rank: log.name for rank, log in rank_logs.items()}
+    signatures = [_describe(m) for m in match_signatures(_signature_lines(driver, lines, names, slurm, window))]
     if stall is not None:
         if stall["source"] == "driver" and any(s["id"] == "slurm_time_limit" for s in signatures):
             stall["time_limit"] = True
@@ -270,13 +272,13 @@ def _driver_lines(paths: RunPaths, job_id: str | None):
             yield path.name, text
 
 
-def _signature_lines(paths: RunPaths, driver: list[tuple[str, str]], lines: dict[int, list[Line]],
-                     slurm: Job | None, window: list[dict]):
+def _signature_lines(driver: list[tuple[str, str]], lines: dict[int, list[Line]],
+                     names: dict[int, str], slurm: Job | None, window: list[dict]):
     if slurm is not None:
         yield "sacct", f"State={slurm.label}"
     yield from driver
     for rank, found in lines.items():
-        name = paths.rank_log(rank).name
+        name = names[rank]
         for line in found:
             yield name, line.text
     for error in events.checkpoint_errors(window):     # a checkpoint that did not load

@@ -1,32 +1,90 @@
 """`logs`: per-rank logs of a run directory, one run (start or restart) at a time, merged by time.
 
-Rank logs are appended across requeues and resumes. A run begins at each `started` event (the
+A rank's lines are in its own file, logs/rank-N.log, or in its node's, logs/node-<host>.log,
+each line there prefixed "[rank N] " (log.rank_logs: per_node, runtime/node_log.py); `RankLog`
+reads either as the rank's own stream. Rank logs are appended across requeues and resumes. A run begins at each `started` event (the
 driver writes it just before mpirun starts the ranks), so a line belongs to the last run that
 started before its timestamp: no marker in the log is needed.
 """
 
 from __future__ import annotations
 
+import functools
 import heapq
 import re
 import sys
 import time
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 from hpc_train import events
 from hpc_train.errors import InspectError
 from hpc_train.inspection.logparse import Line, run_index, timed_lines
-from hpc_train.rundir import RANK_LOG, RunPaths
+from hpc_train.rundir import NODE_LOG, RANK_LOG, RunPaths
+from hpc_train.runtime.node_log import split_node_log
+
+TAIL_BYTES = 64 * 1024     # of each log file: a running job's stall warning is near the end
 
 
-def rank_logs(paths: RunPaths) -> dict[int, Path]:
-    found = {}
+@dataclass(frozen=True)
+class RankLog:
+    """Where one rank's lines are: its own files, and its part of node logs (prefix removed)."""
+    rank: int
+    own: tuple[Path, ...] = ()
+    nodes: tuple[Path, ...] = ()
+
+    @property
+    def name(self) -> str:
+        """The file to name for the rank's lines (its own, else its node's)."""
+        return (self.own or self.nodes)[0].name
+
+    def texts(self) -> list[str]:
+        found = [t for path in self.own for t in path.read_text(errors="replace").splitlines()]
+        return found + [t for path in self.nodes for t in _node_ranks(path, _version(path)).get(self.rank, [])]
+
+
+def _version(path: Path) -> tuple[int, int]:
+    stat = path.stat()
+    return stat.st_size, stat.st_mtime_ns
+
+
+@functools.lru_cache(maxsize=16)
+def _node_ranks(path: Path, version: tuple[int, int]) -> dict[int, list[str]]:
+    """A node log split into its ranks' lines, read once per version of the file."""
+    return split_node_log(path.read_text(errors="replace").splitlines())
+
+
+def rank_logs(paths: RunPaths) -> dict[int, RankLog]:
+    """Every rank with lines in the run directory, rank files and node logs alike."""
+    own: dict[int, list[Path]] = {}
+    nodes: dict[int, list[Path]] = {}
     if paths.logs.is_dir():
         for path in paths.logs.iterdir():
             if match := RANK_LOG.fullmatch(path.name):
-                found[int(match.group(1))] = path
-    return dict(sorted(found.items()))
+                own.setdefault(int(match.group(1)), []).append(path)
+    for path in _log_files(paths):
+        if not NODE_LOG.fullmatch(path.name):
+            continue
+        for rank in _node_ranks(path, _version(path)):
+            nodes.setdefault(rank, []).append(path)
+    return {rank: RankLog(rank, tuple(own.get(rank, ())), tuple(nodes.get(rank, ())))
+            for rank in sorted(own.keys() | nodes.keys())}
+
+
+def tails(paths: RunPaths, limit: int = TAIL_BYTES) -> Iterator[list[str]]:
+    """The last lines of each rank's stream, from the last `limit` bytes of each log file."""
+    for path in _log_files(paths):
+        if RANK_LOG.fullmatch(path.name):
+            yield _tail(path, limit)
+        elif NODE_LOG.fullmatch(path.name):
+            yield from split_node_log(_tail(path, limit)).values()
+
+
+def _tail(path: Path, limit: int) -> list[str]:
+    with open(path, "rb") as handle:
+        handle.seek(max(0, path.stat().st_size - limit))
+        return handle.read().decode(errors="replace").splitlines()
 
 
 def resolve_run(run: int | None, starts: list[float]) -> int | None:
@@ -40,8 +98,8 @@ def resolve_run(run: int | None, starts: list[float]) -> int | None:
     return run % count
 
 
-def read_rank(path: Path, rank: int) -> list[Line]:
-    return list(timed_lines(rank, path.read_text(errors="replace").splitlines()))
+def read_rank(log: RankLog) -> list[Line]:
+    return list(timed_lines(log.rank, log.texts()))
 
 
 def in_run(lines: Iterable[Line], starts: list[float], run: int | None) -> Iterator[Line]:
@@ -70,7 +128,7 @@ def select(paths: RunPaths, ranks: list[int] | None, run: int | None,
         raise InspectError(f"no log for rank(s) {missing}; ranks with logs: {sorted(files)}")
     starts = events.run_starts(events.read(paths))
     index = resolve_run(run, starts)
-    streams = [in_run(read_rank(files[r], r), starts, index) for r in chosen]
+    streams = [in_run(read_rank(files[r]), starts, index) for r in chosen]
     lines = streams[0] if len(streams) == 1 else merged(streams)
     if pattern:
         regex = _compile(pattern)
@@ -106,21 +164,34 @@ def write(lines: Iterable[Line], prefix: bool, out=None) -> int:
 
 def follow(paths: RunPaths, ranks: list[int] | None, pattern: str | None, prefix: bool,
            interval: float = 0.5) -> None:
-    """Print lines as the ranks append them (new rank logs included) until interrupted."""
+    """Print lines as the ranks append them (new rank and node logs included) until interrupted."""
     regex = _compile(pattern) if pattern else None
-    offsets = {rank: path.stat().st_size for rank, path in rank_logs(paths).items()}
-    partial: dict[int, str] = {}
+    offsets = {path: path.stat().st_size for path in _log_files(paths)}
+    partial: dict[Path, str] = {}
     while True:
-        for rank, path in rank_logs(paths).items():
-            if ranks is not None and rank not in ranks:
-                continue
+        for path in _log_files(paths):
             with open(path, "rb") as handle:
-                handle.seek(offsets.get(rank, 0))
+                handle.seek(offsets.get(path, 0))
                 chunk = handle.read().decode(errors="replace")
-                offsets[rank] = handle.tell()
-            *complete, partial[rank] = (partial.get(rank, "") + chunk).split("\n")
-            for text in complete:
-                if regex is None or regex.search(text):
-                    sys.stdout.write(format_line(Line(0.0, rank, text), prefix) + "\n")
+                offsets[path] = handle.tell()
+            *complete, partial[path] = (partial.get(path, "") + chunk).split("\n")
+            for line in _stream_lines(path, complete):
+                if (ranks is None or line.rank in ranks) and (regex is None or regex.search(line.text)):
+                    sys.stdout.write(format_line(line, prefix) + "\n")
         sys.stdout.flush()
         time.sleep(interval)
+
+
+def _log_files(paths: RunPaths) -> list[Path]:
+    if not paths.logs.is_dir():
+        return []
+    return sorted(p for p in paths.logs.iterdir() if RANK_LOG.fullmatch(p.name) or NODE_LOG.fullmatch(p.name))
+
+
+def _stream_lines(path: Path, texts: list[str]) -> Iterator[Line]:
+    """New lines of a rank log or a node log, each with its rank (no time: `follow` prints)."""
+    if match := RANK_LOG.fullmatch(path.name):
+        yield from (Line(0.0, int(match.group(1)), text) for text in texts)
+        return
+    for rank, found in split_node_log(texts).items():
+        yield from (Line(0.0, rank, text) for text in found)

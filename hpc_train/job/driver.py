@@ -37,6 +37,7 @@ from hpc_train.launch.network import NETWORK_ENV, address_for
 from hpc_train.rundir import RunPaths
 from hpc_train.runtime import environment
 from hpc_train.runtime.netif import ipv4_addresses
+from hpc_train.runtime.node_log import RANK_LOGS_ENV, rank_logs_mode
 from hpc_train.runtime.stop import DEADLINE_ENV, NODES_ENV, STALL_ENV, STOP_EXIT
 from hpc_train.spec import JobSpec, load_spec
 from hpc_train.spec.global_batch import fit_to_nodes
@@ -152,6 +153,7 @@ def launch_plan(spec: JobSpec, paths: RunPaths, allocation: Allocation, environ,
                                       ipv4_addresses() if launch.network_interface else []),
         "MASTER_PORT": str(rendezvous_port(environ.get("SLURM_JOB_ID"))),
         STALL_ENV: str(launch.stall_seconds),
+        RANK_LOGS_ENV: str(rank_logs_mode(spec.log.rank_logs, spec.world_size)),
         # One value per start of the ranks: a node's ranks recognise this start's local copy.
         LAUNCH_ID_ENV: f"{environ.get('SLURM_JOB_ID', 'local')}-"
                        f"{environ.get('SLURM_RESTART_COUNT', '0')}-{os.getpid()}-{time.time():.3f}",

@@ -97,6 +97,8 @@ class Watch:
     method: str = "mpirun"   # the launcher: how the ranks are torn down
     straggler_warn: float | None = None   # launch.straggler_warn
     warnings: StragglerWarnings = field(init=False)
+    _beats: dict[int, Beat] = field(init=False, default_factory=dict)
+    _read_at: float | None = field(init=False, default=None)
 
     def __post_init__(self):
         self.warnings = StragglerWarnings(self.straggler_warn)
@@ -105,8 +107,16 @@ class Watch:
     def interval(self) -> float:
         return beat_interval(self.stall_seconds)
 
+    def beats(self, now: float) -> dict[int, Beat]:
+        """The ranks' beats, read at most once per beat interval (they change no oftener): one
+        file per node, whatever the ranks per node."""
+        if self._read_at is None or now - self._read_at >= self.interval:
+            self._beats = watchdog.read_beats(self.paths.heartbeat, since=self.launched)
+            self._read_at = now
+        return self._beats
+
     def stall(self, forwarder: StopForwarder, now: float) -> watchdog.Stall | None:
-        beats = watchdog.read_beats(self.paths.heartbeat, since=self.launched)
+        beats = self.beats(now)
         self.warn_straggler(beats, now)
         if forwarder.at is not None:
             found = watchdog.stop_ignored(beats, self.world_size, now, forwarder.at, self.grace,

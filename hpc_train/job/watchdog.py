@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 # The heartbeat format's reader lives next to its writer; re-exported for the driver.
-from hpc_train.runtime.heartbeat import STEP_PHASES, Beat, parse_beat, read_beats
+from hpc_train.runtime.heartbeat import STEP_PHASES, Beat, parse_beat, read_beats, silent_after
 
 __all__ = ["Beat", "Stall", "StalledRank", "culprits", "find_stall", "parse_beat",
            "process_state", "read_beats", "silent_after", "stop_ignored"]
@@ -41,11 +41,6 @@ class Stall:
 
     def ranks_json(self) -> list[dict]:
         return [asdict(r) for r in self.ranks]
-
-
-def silent_after(interval: float) -> float:
-    """How long without a write before a rank counts as frozen: a few missed beats."""
-    return max(3 * interval, 10.0)
 
 
 def find_stall(beats: dict[int, Beat], world_size: int, launched: float, now: float,

@@ -1,8 +1,10 @@
 """A rank's entry point: `python -m hpc_train.job.worker RUN_DIR` (started by mpirun or srun).
 
-The rank writes everything, tracebacks included, to its own log file in the run directory,
-records a `rank_failed` event naming itself when it raises, so diagnosis never has to guess,
-and beats its heartbeat from the first moment, so the driver's watchdog sees it start.
+The rank writes everything, tracebacks included, to its own log file (in the run directory, or
+on its node to be gathered into the node's log: log.rank_logs), records a `rank_failed` event
+naming itself when it raises, so diagnosis never has to guess, and beats its heartbeat from the
+first moment, so the driver's watchdog sees it start. Its beats and its node's gathered lines
+reach the run directory through the node's writer (runtime/node_beats.py).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import os
 import socket
 import sys
 import traceback
+from dataclasses import dataclass
 from pathlib import Path
 
 from hpc_train import events
@@ -22,6 +25,9 @@ from hpc_train.launch.network import NETWORK_ENV, rank_interface_env
 from hpc_train.rundir import RunPaths
 from hpc_train.runtime.gpu_sampler import start_sampler
 from hpc_train.runtime.heartbeat import AUTO, Heartbeat, Phase
+from hpc_train.runtime.node_beats import NodeWriter
+from hpc_train.runtime.node_local import NodeLocal, node_local_dir
+from hpc_train.runtime.node_log import RANK_LOGS_ENV, RankLogs
 from hpc_train.runtime.netif import ipv4_addresses
 from hpc_train.runtime.stop import NODES_ENV, STALL_ENV, STOP_EXIT, StopFlag
 from hpc_train.spec.global_batch import fit_to_nodes
@@ -73,7 +79,7 @@ def join_network(environ, rank: int) -> None:
 
 def start_rank(paths: RunPaths, rank: int) -> StopFlag:
     """A rank's first steps, before any heavy import: its own log, crash stacks, stop handlers."""
-    redirect_output(paths.rank_log(rank))
+    redirect_output(NodePlace.here(paths, os.environ).rank_log(rank))
     # A segfault or abort in native code then leaves "Fatal Python error" and the Python stack of
     # every thread in this rank's log instead of nothing.
     faulthandler.enable(all_threads=True)
@@ -83,10 +89,39 @@ def start_rank(paths: RunPaths, rank: int) -> StopFlag:
     return stop
 
 
+@dataclass(frozen=True)
+class NodePlace:
+    """Where this rank's beat and output go: the node-local directory, and whether its output
+    is gathered into the node's log (log.rank_logs: per_node, from the driver)."""
+    paths: RunPaths
+    local: NodeLocal
+    host: str
+    per_node_logs: bool
+
+    @classmethod
+    def here(cls, paths: RunPaths, environ) -> NodePlace:
+        host = os.uname().nodename
+        local = NodeLocal(node_local_dir(environ, paths.root, host)).make()
+        return cls(paths, local, host, environ.get(RANK_LOGS_ENV) == RankLogs.PER_NODE.value)
+
+    def rank_log(self, rank: int) -> Path:
+        return self.local.log(rank) if self.per_node_logs else self.paths.rank_log(rank)
+
+
 def start_heartbeat(paths: RunPaths, rank: int) -> Heartbeat:
-    """The rank's heartbeat thread, beating at the driver's launch.stall_seconds."""
+    """The rank's heartbeat thread, beating at the driver's launch.stall_seconds, with its part
+    in writing the node's beats (and lines) to the run directory: its close is the rank's last
+    act there (the node's last rank writes once more)."""
+    place = NodePlace.here(paths, os.environ)
     setting = os.environ.get(STALL_ENV) or DEFAULT_STALL_SECONDS
-    return Heartbeat(paths.rank_heartbeat(rank), rank, AUTO if setting == AUTO else float(setting)).start()
+    heartbeat = Heartbeat(place.local.beat(rank), rank, AUTO if setting == AUTO else float(setting),
+                          host=place.host)
+    node = NodeWriter(place.local, rank, place.host, paths.node_heartbeat(place.host),
+                      heartbeat.interval, paths.node_log(place.host) if place.per_node_logs else None)
+    heartbeat.after_beat, heartbeat.after_close = node.tick, node.close
+    heartbeat.start()
+    node.tick()
+    return heartbeat
 
 
 def start_spec(written: JobSpec, environ) -> JobSpec:
@@ -108,6 +143,15 @@ def main(argv: list[str] | None = None) -> int:
     log.info("rank %d/%d (local %d) pid %d on %s, code %s", identity.rank, identity.size,
              identity.local_rank, os.getpid(), os.uname().nodename, Path(__file__).parents[1])
     heartbeat = start_heartbeat(paths, identity.rank)
+    try:
+        return run_rank(paths, identity, stop, heartbeat)
+    finally:
+        heartbeat.close()     # last, after the rank's last line: it may be gathered with it
+
+
+def run_rank(paths: RunPaths, identity, stop: StopFlag, heartbeat: Heartbeat) -> int:
+    """The rank's work between its first beat and its node's last write."""
+    log = logging.getLogger("hpc_train.worker")
     # GPU utilisation for `report`, from the node's first rank (nothing without NVML or a GPU).
     sampler = start_sampler(paths.gpu_samples(os.uname().nodename), os.environ, identity.local_rank)
     trainer = None
@@ -142,7 +186,6 @@ def main(argv: list[str] | None = None) -> int:
             trainer.close()
         if sampler is not None:
             sampler.close()
-        heartbeat.close()
     log.info("rank %d done", identity.rank)
     return 0
 

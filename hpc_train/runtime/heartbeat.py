@@ -2,7 +2,9 @@
 and for `status` on the login node.
 
 The training loop only notes progress (two assignments per step, no I/O); a daemon thread writes
-heartbeat/rank-N every `interval` seconds:
+the rank's beat every `interval` seconds, to a file on its node (runtime/node_local.py), from
+where the node's writer puts the beats of all its ranks in one file, heartbeat/node-<host>.json
+(runtime/node_beats.py): one shared-file-system write per node per interval. A beat:
 
     {"rank", "host", "pid", "step", "phase", "progress": time of the last progress,
      "time": time of this write, "times": the rank's recent step times (`RankTimes`)}
@@ -19,7 +21,8 @@ step and in a checkpoint save since its first step, from which `launch.stall_sec
 derives the stall bound (`stall_bound`).
 
 The reader of the format is here too (`Beat`, `parse_beat`, `read_beats`): the driver's watchdog
-(job/watchdog.py) and `status`/`diagnose` on the login node read the files with it.
+(job/watchdog.py) and `status`/`diagnose` on the login node read the node files with it, and
+the heartbeat/rank-N files (one beat each) of runs made before them.
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Callable, Iterable
 
-from hpc_train.rundir import HEARTBEAT_GLOB
+from hpc_train.rundir import HEARTBEAT_GLOB, NODE_HEARTBEAT_GLOB
 
 STACK_DUMP_HEADER = "hpc_train watchdog: no progress"
 
@@ -83,6 +86,11 @@ def beat_interval(stall_seconds: float | str) -> float:
     return min(5.0, max(1.0, seconds / 10))
 
 
+def silent_after(interval: float) -> float:
+    """How long without a write before a rank counts as frozen: a few missed beats."""
+    return max(3 * interval, 10.0)
+
+
 def derived_stall_seconds(phases: Iterable[str], longest_step: float | None,
                           longest_save: float | None) -> float:
     """`auto`'s bound, given the ranks' phases now and the longest silences seen in a step and
@@ -114,8 +122,16 @@ def stall_bound(setting: float | str, beats: Iterable[Beat]) -> float:
 
 
 class Heartbeat:
-    def __init__(self, path: Path, rank: int, stall_seconds: float | str, clock=time.time):
+    """path: where this rank's beat goes (the node-local directory's file); after_beat: called
+    after each beat of the thread, after_close: after the last (the node's writer: NodeWriter's
+    tick and close, runtime/node_beats.py)."""
+
+    def __init__(self, path: Path, rank: int, stall_seconds: float | str, clock=time.time,
+                 host: str | None = None, after_beat: Callable[[], object] | None = None):
         self.path, self.rank, self.stall_seconds, self.clock = Path(path), rank, stall_seconds, clock
+        self.host = host or socket.gethostname()
+        self.after_beat = after_beat
+        self.after_close: Callable[[], object] | None = None
         self.interval = beat_interval(stall_seconds)
         self.step, self.phase = 0, Phase.STARTING
         self.progress_time = clock()
@@ -157,7 +173,7 @@ class Heartbeat:
             self.longest[kind] = seconds
 
     def record(self) -> dict:
-        record = {"rank": self.rank, "host": socket.gethostname(), "pid": os.getpid(),
+        record = {"rank": self.rank, "host": self.host, "pid": os.getpid(),
                   "step": self.step, "phase": self.phase, "progress": self.progress_time,
                   "time": self.clock()}
         times = {**(self.step_times() or {}),
@@ -178,6 +194,8 @@ class Heartbeat:
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
             self.write()
+            if self.after_beat is not None:
+                self.after_beat()
             self._dump_if_stuck()
 
     def _bound(self) -> float:
@@ -201,6 +219,8 @@ class Heartbeat:
         if self._thread.is_alive():
             self._thread.join(timeout=2 * self.interval)
         self.write()
+        if self.after_close is not None:
+            self.after_close()
 
 
 # -- reading the beats (the driver's watchdog, `status` and `diagnose` on the login node) ----------
@@ -230,29 +250,58 @@ class Beat:
 
 
 def parse_beat(text: str) -> Beat | None:
-    """A heartbeat file's text -> Beat; None for anything else (a partial or foreign file)."""
+    """A rank's heartbeat file's text -> Beat; None for anything else (a partial or foreign file)."""
     try:
-        record = json.loads(text)
+        return parse_record(json.loads(text))
+    except ValueError:
+        return None
+
+
+def parse_record(record) -> Beat | None:
+    """One beat record (a rank file's, or one of a node file's) -> Beat; None if it is not one."""
+    try:
         times = record.get("times")
         return Beat(int(record["rank"]), int(record["step"]), str(record.get("phase", "?")),
                     float(record["progress"]), float(record["time"]), record.get("pid"),
                     record.get("host"), RankTimes(**times) if isinstance(times, dict) else None)
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, AttributeError):
         return None
 
 
 def read_beats(directory: Path, since: float = 0.0) -> dict[int, Beat]:
-    """The ranks' beats written at or after `since` (older ones are an earlier run's)."""
-    beats = {}
-    if directory.is_dir():
-        for path in directory.glob(HEARTBEAT_GLOB):
-            try:
-                beat = parse_beat(path.read_text())
-            except OSError:
-                continue
-            if beat is not None and beat.time >= since:
-                beats[beat.rank] = beat
+    """The ranks' beats written at or after `since` (older ones are an earlier run's): from the
+    node files (one per node, every rank of the node in it) and an old run's rank files; the
+    latest beat of a rank where two files have it."""
+    beats: dict[int, Beat] = {}
+    if not directory.is_dir():
+        return beats
+    for path in directory.glob(NODE_HEARTBEAT_GLOB):
+        try:
+            records = _node_records(path.read_text())
+        except OSError:
+            continue
+        _keep_latest(beats, (parse_record(r) for r in records), since)
+    for path in directory.glob(HEARTBEAT_GLOB):
+        try:
+            _keep_latest(beats, [parse_beat(path.read_text())], since)
+        except OSError:
+            continue
     return beats
+
+
+def _node_records(text: str) -> list:
+    try:
+        record = json.loads(text)
+    except ValueError:
+        return []
+    beats = record.get("beats") if isinstance(record, dict) else None
+    return beats if isinstance(beats, list) else []
+
+
+def _keep_latest(beats: dict[int, Beat], found: Iterable[Beat | None], since: float) -> None:
+    for beat in found:
+        if beat is not None and beat.time >= since and (beat.rank not in beats or beat.time > beats[beat.rank].time):
+            beats[beat.rank] = beat
 
 
 class NoHeartbeat:

@@ -14,6 +14,7 @@ from typing import Any, Callable, Literal, Optional, Union
 from hpc_train.models.catalog import MODEL_NAMES, model as model_entry, options_of
 from hpc_train.parallel.layout import Parallelism, ParallelLayout
 from hpc_train.runtime.heartbeat import AUTO, AUTO_START_SECONDS
+from hpc_train.runtime.node_log import PER_NODE_ABOVE, RankLogs
 from hpc_train.spec import values
 
 ModelName = Literal[MODEL_NAMES]        # the model catalog's names: one list
@@ -391,6 +392,12 @@ class LogSpec:
     every_steps: int = spec_field(20, doc="log metrics every N optimizer steps", ge=1)
     tensorboard: bool = spec_field(True, doc="also write the metrics as TensorBoard event files "
                                    "under the run directory's tensorboard/ (rank 0)")
+    rank_logs: Literal[tuple(m.value for m in RankLogs)] = spec_field(
+        "auto", doc="where the ranks' output goes: per_rank, logs/rank-N.log (one shared file "
+        "per rank); per_node, a file per rank on its node, gathered by one rank of the node "
+        "into logs/node-<host>.log once per heartbeat interval (lines prefixed [rank N]; a "
+        f"node that dies loses at most its last interval); auto: per_rank up to {PER_NODE_ABOVE} "
+        "ranks, per_node above")
 
 
 def scale_lr(base_lr: float, samples_per_step: int, *, reference_batch: int = 256) -> float:

@@ -31,7 +31,7 @@ import pytest
 
 from hpc_train.rundir import RunPaths
 from tests.conftest import heavy_requested
-from tests.runs import (assert_same_training, cli, describe_failure, events, logged_step,
+from tests.runs import (rank_beat, assert_same_training, cli, describe_failure, events, logged_step,
                         metrics_after, submit, wait_for)
 
 pytestmark = [pytest.mark.slurm, pytest.mark.mpi, pytest.mark.horovod, pytest.mark.slow]
@@ -137,7 +137,7 @@ def _freeze_one_rank(job_id: str, paths: RunPaths) -> dict:
     seen = {"resume": cli("resume", str(paths.root)),
             "queued": subprocess.run(["squeue", "-h", "-n", "frozen-once", "-o", "%i"], capture_output=True,
                                      text=True, timeout=20).stdout.split()}
-    seen["beat"] = json.loads(paths.rank_heartbeat(1).read_text())
+    seen["beat"] = rank_beat(paths, 1)
     seen["frozen_at"] = time.time()
     os.kill(seen["beat"]["pid"], signal.SIGSTOP)
 

@@ -13,7 +13,6 @@ The four jobs are submitted at once; the single node runs two at a time.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -23,7 +22,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import pytest
 
 from hpc_train import run_state
-from tests.runs import (assert_same_training, describe_failure, events, logged_step, metrics_after,
+from tests.runs import (rank_beat, assert_same_training, describe_failure, events, logged_step, metrics_after,
                         submit, wait_for)
 
 pytestmark = [pytest.mark.slurm, pytest.mark.mpi, pytest.mark.horovod, pytest.mark.slow]
@@ -40,7 +39,7 @@ def _kill_rank_1(job_id: str, paths) -> dict:
     wait_for(lambda: [e for e in events(paths, "checkpoint_saved") if e["step"] == 50]
              and logged_step(paths) >= KILL_AT, 600, f"step {KILL_AT} of {paths.root.name}")
     killed = time.time()
-    os.kill(json.loads(paths.rank_heartbeat(1).read_text())["pid"], signal.SIGKILL)
+    os.kill(rank_beat(paths, 1)["pid"], signal.SIGKILL)
     resumed = wait_for(lambda: [e for e in events(paths, "resumed") if e["time"] > killed], 600,
                        "the resume")[0]
     again = wait_for(lambda: next((m["time"] for m in metrics_after(paths, resumed["time"])), None),

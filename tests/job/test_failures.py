@@ -3,7 +3,6 @@ A kill during a checkpoint save leaves the previous checkpoint loadable."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -15,7 +14,7 @@ import pytest
 from hpc_train.checkpoint import layout
 from hpc_train.checkpoint.manager import CheckpointManager
 from tests.conftest import REPO
-from tests.runs import drive, events, heartbeat_step, local_run
+from tests.runs import rank_beat, drive, events, heartbeat_step, local_run
 
 SMALL = ["data.kind=synthetic", "data.train_samples=1024", "data.val_samples=0", "data.image_size=16",
          "data.workers=1", "log.every_steps=1", "launch.restarts_in_job=0"]   # failures end the run
@@ -87,7 +86,7 @@ def test_run_killed_while_saving_resumes_from_the_previous_checkpoint(tmp_path):
     while time.monotonic() < deadline and driver.poll() is None and killed_during is None:
         saving = [p for p in paths.checkpoints.glob(".step-*.tmp")]
         if saving and layout.list_complete(paths.checkpoints):
-            pid = json.loads(paths.rank_heartbeat(0).read_text())["pid"]
+            pid = rank_beat(paths, 0)["pid"]
             os.kill(pid, signal.SIGKILL)               # rank 0 is the one writing the shared state
             killed_during = saving[0].name
         time.sleep(0.002)

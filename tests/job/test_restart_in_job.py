@@ -5,7 +5,6 @@ the run fails (no Slurm to requeue it)."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -16,7 +15,7 @@ import pytest
 
 from hpc_train import run_state
 from tests.conftest import REPO
-from tests.runs import (describe_failure, drive, events, heartbeat_step, local_run, metrics_after,
+from tests.runs import (rank_beat, describe_failure, drive, events, heartbeat_step, local_run, metrics_after,
                         wait_for)
 
 pytestmark = [pytest.mark.mpi, pytest.mark.horovod, pytest.mark.slow]
@@ -41,7 +40,7 @@ def test_a_killed_rank_is_restarted_in_the_job_from_the_last_checkpoint(tmp_path
     driver = _driver(paths)
     wait_for(lambda: driver.poll() is not None or heartbeat_step(paths, 1) >= 10, 300, "step 10")
     killed = time.time()
-    os.kill(json.loads(paths.rank_heartbeat(1).read_text())["pid"], signal.SIGKILL)
+    os.kill(rank_beat(paths, 1)["pid"], signal.SIGKILL)
     assert driver.wait(timeout=300) == 0, describe_failure(paths)
     [restarted] = events(paths, "restarted")
     again = min(m["time"] for m in metrics_after(paths, restarted["time"]))
