@@ -247,7 +247,7 @@ def read_beats(directory: Path, since: float = 0.0) -> dict[int, Beat]:
     if directory.is_dir():
         for path in directory.glob(HEARTBEAT_GLOB):
             try:
-                beat = parse_beat(path.read_text())
+                beat = parse_beat(path.read_text(errors="replace"))   # a damaged beat: None
             except OSError:
                 continue
             if beat is not None and beat.time >= since:
