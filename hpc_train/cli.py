@@ -110,7 +110,21 @@ def _submit(args: argparse.Namespace) -> int:
               file=sys.stderr)
     print(f"job id:  {result.job_id}")
     print(f"run dir: {result.run_dir}")
+    print(following(spec, result.run_dir))
     return 0
+
+
+def following(spec, run_dir) -> str:
+    """How to follow a submitted job: the commands a user runs next, quoted for the shell."""
+    from shlex import quote
+
+    run = quote(str(run_dir))
+    lines = ["follow it:", f"  python -m hpc_train status {run}         # state, progress, ETA, health",
+             f"  python -m hpc_train logs {run} -f --all-ranks   # the ranks' logs as they come",
+             f"  python -m hpc_train diagnose {run}       # when it fails: the first failed rank"]
+    if spec.log.tensorboard:
+        lines.append(f"  tensorboard --logdir {quote(str(run_dir) + '/tensorboard')}   # loss, accuracy, LR")
+    return "\n".join(lines)
 
 
 def _resume(args: argparse.Namespace) -> int:
