@@ -57,12 +57,19 @@ def _validate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _load_checked(args: argparse.Namespace):
-    """The spec of FILE with --set applied; warnings to stderr; SpecError (exit 2) on problems."""
+def _load_checked(args: argparse.Namespace, notes: bool = True):
+    """The spec of FILE with --set applied; warnings (and `notes`: what could not be checked)
+    to stderr; SpecError (exit 2) on problems."""
     from hpc_train.spec import validate_spec_file
+
+    from hpc_train.spec.capacity import check_capacity
 
     spec, warnings = validate_spec_file(args.file, args.overrides)
     print_warnings(warnings)
+    # Before the queue: the batch against the split's manifest, the nodes against the partition.
+    said = check_capacity(spec, ask_slurm=not (args.no_slurm or getattr(args, "local", False)))
+    for note in said if notes else ():
+        print(f"note: {note}", file=sys.stderr)
     return spec
 
 
@@ -72,7 +79,8 @@ def _load_for_submission(args: argparse.Namespace):
 
     from hpc_train.spec.paths import resolve_paths
 
-    spec = resolve_paths(_load_checked(args))
+    # A submission that cannot ask Slurm says so itself, in one line: no notes here.
+    spec = resolve_paths(_load_checked(args, notes=False))
     if spec.data.kind in ("hdf5", "tokens") and not (Path(spec.data.path) / "train" / "manifest.json").is_file():
         # A warning, not an error: compute nodes may mount paths this login node does not see.
         command = "data shard" if spec.data.kind == "hdf5" else "data tokenize"
@@ -102,7 +110,21 @@ def _submit(args: argparse.Namespace) -> int:
               file=sys.stderr)
     print(f"job id:  {result.job_id}")
     print(f"run dir: {result.run_dir}")
+    print(following(spec, result.run_dir))
     return 0
+
+
+def following(spec, run_dir) -> str:
+    """How to follow a submitted job: the commands a user runs next, quoted for the shell."""
+    from shlex import quote
+
+    run = quote(str(run_dir))
+    lines = ["follow it:", f"  python -m hpc_train status {run}         # state, progress, ETA, health",
+             f"  python -m hpc_train logs {run} -f --all-ranks   # the ranks' logs as they come",
+             f"  python -m hpc_train diagnose {run}       # when it fails: the first failed rank"]
+    if spec.log.tensorboard:
+        lines.append(f"  tensorboard --logdir {quote(str(run_dir) + '/tensorboard')}   # loss, accuracy, LR")
+    return "\n".join(lines)
 
 
 def _resume(args: argparse.Namespace) -> int:
@@ -153,6 +175,8 @@ def _add_spec_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--set", dest="overrides", action="append", default=[],
                         metavar="KEY=VALUE", help="override a key, e.g. optim.base_lr=0.2 "
                         "(value read as YAML; repeatable; wins over the file)")
+    parser.add_argument("--no-slurm", action="store_true",
+                        help="do not ask sinfo whether the nodes and per-node resources fit the partition")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -10,12 +10,15 @@ import contextlib
 import errno
 import itertools
 import json
+import logging
 import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
+
+log = logging.getLogger(__name__)
 
 EVENTS_FILE = "events.jsonl"
 # sbatch's --output of a rendered script; sbatch puts the job id in place of %j.
@@ -237,13 +240,40 @@ def _undo_append(fd: int, before: int, length: int) -> None:
 
 
 def read_jsonl(path: Path) -> list[dict]:
-    """All complete lines; a torn last line (a killed writer) is skipped, not fatal."""
-    if not path.exists():
+    """Every line that is a JSON object. A damaged file (a torn last line from a killed writer,
+    bytes that are not UTF-8 after a node crash) is read as far as it can be: bytes that do not
+    decode are replaced, lines that do not parse are skipped, and both are said once, on the
+    `hpc_train.rundir` logger (stderr in the CLI), never raised."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
         return []
-    records = []
-    for line in path.read_text().splitlines():
+    records, replaced, skipped = [], 0, 0
+    for raw in data.splitlines():
         try:
-            records.append(json.loads(line))
+            line = raw.decode()
+        except UnicodeDecodeError:
+            line, replaced = raw.decode(errors="replace"), replaced + 1
+        try:
+            record = json.loads(line)
         except json.JSONDecodeError:
-            continue
+            record = None
+        if isinstance(record, dict):
+            records.append(record)
+        elif line.strip():
+            skipped += 1
+    if replaced or skipped:
+        _say_damage(path, len(data), replaced, skipped)
     return records
+
+
+_DAMAGE_SAID: set[tuple[str, int]] = set()   # (path, size): said once per process and size
+
+
+def _say_damage(path: Path, size: int, replaced: int, skipped: int) -> None:
+    if (str(path), size) in _DAMAGE_SAID:
+        return
+    _DAMAGE_SAID.add((str(path), size))
+    parts = ([f"{replaced} line(s) with bytes that are not UTF-8 (replaced)"] if replaced else []) + (
+        [f"{skipped} line(s) that are not JSON records (skipped)"] if skipped else [])
+    log.warning("%s is damaged: %s; the rest is read", path, "; ".join(parts))

@@ -128,3 +128,9 @@ def load_manifest(split_dir: Path) -> dict:
                         f"reads version {FORMAT_VERSION}); convert again with this version of "
                         "hpc_train or upgrade it")
     return manifest
+
+
+def token_windows(manifest: dict, seq_len: int) -> list[int]:
+    """Training windows (seq_len + 1 tokens: inputs and the next-token targets) in each shard
+    of a token split's manifest; raises KeyError/TypeError/ValueError on a damaged one."""
+    return [max(0, (int(s["tokens"]) - 1) // seq_len) for s in manifest["shards"]]

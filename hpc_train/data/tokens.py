@@ -20,6 +20,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from hpc_train.data.manifest import token_windows
 from hpc_train.data.sampler import SampleKey, as_key
 from hpc_train.errors import DataError
 from hpc_train.spec.schema import BYTE_VOCAB as VOCAB   # the spec's data.vocab_size must match
@@ -105,7 +106,7 @@ class TokenShards(Dataset):
         if manifest.get("kind") != "tokens" or manifest.get("vocab") != VOCAB:
             raise DataError(f"{self.split_dir}: not byte-token shards (kind {manifest.get('kind')!r})")
         self.files = [self.split_dir / s["file"] for s in manifest["shards"]]
-        windows = [max(0, (int(s["tokens"]) - 1) // seq_len) for s in manifest["shards"]]
+        windows = token_windows(manifest, seq_len)
         self.starts = np.concatenate([[0], np.cumsum(windows)]).astype(np.int64).tolist()
         self._pid, self._open = None, {}
 

@@ -6,6 +6,7 @@ state, when given, only replaces the state the events imply.
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -24,6 +25,7 @@ from hpc_train.spec.schema import DEFAULT_STALL_SECONDS, LaunchSpec
 # Throughput fields a trainer may log, with their unit (pipeline runs log samples or tokens).
 THROUGHPUT_FIELDS = (("images_per_s", "images/s"), ("samples_per_s", "samples/s"),
                      ("tokens_per_s", "tokens/s"))
+log = logging.getLogger(__name__)
 RATE_WINDOW = 10          # metric lines of the current run that set the recent step rate
 
 
@@ -189,7 +191,10 @@ def read_spec(paths: RunPaths) -> dict | None:
 
     try:
         loaded = yaml.safe_load(paths.spec.read_text())
-    except (OSError, yaml.YAMLError):
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, yaml.YAMLError) as exc:    # ValueError: bytes that are not UTF-8
+        log.warning("%s is damaged (%s): read as if it were missing", paths.spec, type(exc).__name__)
         return None
     return loaded if isinstance(loaded, dict) else None
 

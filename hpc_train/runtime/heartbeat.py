@@ -277,13 +277,13 @@ def read_beats(directory: Path, since: float = 0.0) -> dict[int, Beat]:
         return beats
     for path in directory.glob(NODE_HEARTBEAT_GLOB):
         try:
-            records = _node_records(path.read_text())
+            records = _node_records(path.read_text(errors="replace"))   # damaged: skipped
         except OSError:
             continue
         _keep_latest(beats, (parse_record(r) for r in records), since)
     for path in directory.glob(HEARTBEAT_GLOB):
         try:
-            _keep_latest(beats, [parse_beat(path.read_text())], since)
+            _keep_latest(beats, [parse_beat(path.read_text(errors="replace"))], since)
         except OSError:
             continue
     return beats

@@ -22,10 +22,10 @@ from concurrent.futures import ThreadPoolExecutor
 from hpc_train import _proc
 from hpc_train.errors import SubmitError
 from hpc_train.scheduler.accounting import FIELDS, Segment, parse_segments
-from hpc_train.scheduler.parse import (ACTIVE_STATES, FAILED_STATES, RUNNING_STATES, SACCT_FIELDS,
-                                       SQUEUE_FORMAT, Job, JobState, array_tasks, expand_hostlist,
-                                       job_ref, node_lost, parse_sacct, parse_show_job,
-                                       parse_show_nodes, parse_squeue)
+from hpc_train.scheduler.parse import (ACTIVE_STATES, FAILED_STATES, NODE_SHAPE_FORMAT, RUNNING_STATES,
+                                       SACCT_FIELDS, SQUEUE_FORMAT, Job, JobState, NodeShape, array_tasks,
+                                       expand_hostlist, job_ref, node_lost, parse_node_shapes, parse_sacct,
+                                       parse_show_job, parse_show_nodes, parse_squeue)
 
 ATTEMPTS, PAUSE = 3, 1.0        # tries of a call; seconds before the 2nd, twice that before the 3rd
 ALREADY_PENDING = "Job is pending execution"     # scontrol's ESLURM_JOB_PENDING: requeued already
@@ -177,6 +177,15 @@ def partitions(timeout: float = 20) -> tuple[list[str], str | None]:
     if not out.ok:
         return [], "sinfo not on PATH" if out.returncode == 127 else _first_line(out.stderr)
     return [line.strip() for line in out.stdout.strip().splitlines()], None
+
+
+def node_shapes(timeout: float = 10) -> tuple[list[NodeShape], str | None]:
+    """Every node of every partition with its CPUs, memory and GPUs: (nodes, None), or
+    ([], why not, in one line: no sinfo, no answer)."""
+    out = call(["sinfo", "-h", "-N", "-o", NODE_SHAPE_FORMAT], timeout)
+    if not out.ok:
+        return [], "sinfo not on PATH" if out.returncode == 127 else _first_line(out.stderr)
+    return parse_node_shapes(out.stdout), None
 
 
 def smallest_memory(partition: str | None = None, timeout: float = 20) -> int | None:

@@ -214,3 +214,44 @@ def parse_show_nodes(text: str) -> dict[str, str]:
 def node_lost(state: str) -> bool:
     """Whether a node's State word says it is not responding, down or failed."""
     return "*" in state or any(flag in _NODE_LOST for flag in state.split("+"))
+
+
+@dataclass(frozen=True)
+class NodeShape:
+    """One node of one partition as sinfo describes it: what a job's per-node request must fit."""
+    name: str
+    partition: str
+    default: bool       # of the default partition (sinfo marks it with '*')
+    cpus: int
+    memory_mb: int
+    gpus: int
+    state: str
+
+
+NODE_SHAPE_FORMAT = "%N|%P|%c|%m|%G|%T"     # sinfo -N: one line per node and partition
+
+
+def parse_node_shapes(text: str) -> list[NodeShape]:
+    """sinfo -h -N -o NODE_SHAPE_FORMAT -> every node of every partition; lines it cannot read
+    are left out."""
+    shapes = []
+    for line in text.splitlines():
+        fields = line.strip().split("|")
+        if len(fields) != 6 or not fields[2].isdigit():
+            continue
+        name, partition, cpus, memory, gres, state = fields
+        memory = memory.rstrip("+")
+        shapes.append(NodeShape(name, partition.rstrip("*"), partition.endswith("*"), int(cpus),
+                                int(memory) if memory.isdigit() else 0, gres_gpus(gres),
+                                state.rstrip("*~#!%$@^-")))
+    return shapes
+
+
+def gres_gpus(gres: str) -> int:
+    """GPUs in a node's GRES ('gpu:8', 'gpu:a100:4(S:0-1),nic:1', '(null)')."""
+    total = 0
+    for item in gres.split(","):
+        parts = item.split("(")[0].split(":")
+        if parts[0] == "gpu" and len(parts) >= 2 and parts[-1].isdigit():
+            total += int(parts[-1])
+    return total

@@ -14,11 +14,40 @@ _SHOW_LIMIT = 80  # long values are cut so each problem stays on one readable li
 
 
 def show(value: object) -> str:
-    """The value as the user should recognise it, on one line (repr escapes newlines)."""
-    text = repr(value)
-    if len(text) > _SHOW_LIMIT:
-        text = text[:_SHOW_LIMIT - 3] + "..."
+    """The value as the user should recognise it, on one line (repr escapes newlines), cut to
+    _SHOW_LIMIT characters. Built piece by piece and stopped at the limit, so a huge value (a
+    list of a million items, a 10,000-digit number) costs no more than a small one."""
+    text, pieces = "", _repr_pieces(value, depth=0)
+    for piece in pieces:
+        text += piece
+        if len(text) > _SHOW_LIMIT:
+            return text[:_SHOW_LIMIT - 3] + "..."
     return text
+
+
+def _repr_pieces(value: object, depth: int):
+    """repr(value) in pieces, lazily: containers item by item, scalars cut near the limit."""
+    if depth > _SHOW_LIMIT // 2:          # more brackets than the line can show
+        yield "..."
+    elif type(value) in (list, tuple, dict):     # exactly: a namedtuple shows itself
+        items = value.items() if isinstance(value, dict) else value
+        opening, closing = "[]" if isinstance(value, list) else "()" if isinstance(value, tuple) else "{}"
+        yield opening
+        for index, item in enumerate(items):
+            if index:
+                yield ", "
+            if isinstance(value, dict):
+                yield from _repr_pieces(item[0], depth + 1)
+                yield ": "
+                item = item[1]
+            yield from _repr_pieces(item, depth + 1)
+        yield ("," if isinstance(value, tuple) and len(value) == 1 else "") + closing
+    elif isinstance(value, str):
+        yield repr(value[:_SHOW_LIMIT + 1])[:-1] if len(value) > _SHOW_LIMIT else repr(value)
+    elif isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 4 * _SHOW_LIMIT:
+        yield f"<an integer of about {int(value.bit_length() * 0.30103) + 1:,} digits>"
+    else:
+        yield repr(value)
 
 
 def dotted(prefix: str, name: object) -> str:

@@ -5,7 +5,10 @@ with two YAML 1.1 surprises removed, because both silently change a job:
   - base-60 numbers: unquoted `time: 1:30:00` would be the int 5400 (5400 minutes);
   - old octal: `010` would be 8.
 Both now stay strings, which the field converters then read as the user meant. Duplicate keys,
-which PyYAML resolves by keeping the last one, are an error.
+which PyYAML resolves by keeping the last one, are an error. So are aliases that expand past
+MAX_VALUES values (the "billion laughs" shape: nine aliases of nine aliases ... of a list), and
+aliases that refer to themselves: PyYAML builds such a value cheaply by sharing, but everything
+that walks it (an error message, the run's copy of the spec) pays for every expanded value.
 """
 
 from __future__ import annotations
@@ -30,8 +33,59 @@ _FLOAT = re.compile(r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+][0-9]+)?
                     |\.(?:nan|NaN|NAN))$""", re.X)
 
 
+MAX_VALUES = 10_000  # values after aliases are expanded; a real spec has a few hundred
+
+
+class AliasBomb(yaml.composer.ComposerError):
+    """Aliases that expand past MAX_VALUES values, or refer to themselves."""
+
+
+class NumberTooLong(yaml.constructor.ConstructorError):
+    """An integer Python will not read (more than 4,300 digits): no spec value is one."""
+
+
+def expanded_size(node: yaml.Node, limit: int = MAX_VALUES) -> int:
+    """How many values `node` stands for with every alias expanded, counted once per node
+    (aliases share nodes), so the count costs the document's size, not the expansion's; raises
+    AliasBomb past `limit` or on a node inside itself."""
+    sizes: dict[int, int | None] = {}     # id(node) -> its size; None while it is being counted
+
+    def size(item: yaml.Node) -> int:
+        key = id(item)
+        if key in sizes:
+            if sizes[key] is None:
+                raise AliasBomb(None, None, "an alias refers to the value that contains it",
+                                item.start_mark)
+            return sizes[key]
+        sizes[key] = None
+        children = item.value if isinstance(item, yaml.SequenceNode) else (
+            [part for pair in item.value for part in pair] if isinstance(item, yaml.MappingNode) else [])
+        total = 1 + sum(size(child) for child in children)
+        if total > limit:
+            raise AliasBomb(None, None, f"aliases expand to more than {limit:,} values",
+                            item.start_mark)
+        sizes[key] = total
+        return total
+
+    return size(node)
+
+
 class SpecLoader(yaml.SafeLoader):
-    """SafeLoader without base-60 numbers or old octal, rejecting duplicate keys."""
+    """SafeLoader without base-60 numbers or old octal, rejecting duplicate keys and alias
+    bombs."""
+
+    def construct_yaml_int(self, node):
+        try:
+            return super().construct_yaml_int(node)
+        except ValueError:     # Python refuses to read ints of more than 4,300 digits
+            raise NumberTooLong(None, None, f"a number of {len(node.value):,} digits",
+                                node.start_mark) from None
+
+    def get_single_node(self):
+        node = super().get_single_node()
+        if node is not None:
+            expanded_size(node)
+        return node
 
     def construct_mapping(self, node, deep=False):
         seen: dict[Any, Any] = {}
@@ -47,6 +101,7 @@ class SpecLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
+SpecLoader.add_constructor(_INT_TAG, SpecLoader.construct_yaml_int)
 SpecLoader.yaml_implicit_resolvers = {
     first: [(tag, rx) for tag, rx in resolvers if tag not in (_INT_TAG, _FLOAT_TAG)]
     for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
@@ -102,6 +157,12 @@ def _yaml_problem(name: str, exc: yaml.YAMLError) -> Problem:
     if "python/" in detail or "constructor for the tag" in detail:
         return Problem(name, None, f"YAML tags are not allowed in a spec ({detail})",
                        "remove the tag: specs hold plain data only, and tags are never executed")
+    if isinstance(exc, AliasBomb):
+        return Problem(name, None, f"YAML aliases: {detail}", f"write the values out, or use "
+                       f"fewer and smaller aliases (a spec holds at most {MAX_VALUES:,} values)")
+    if isinstance(exc, NumberTooLong):
+        return Problem(name, None, f"{detail}: more than any spec value can be",
+                       "write the number you mean (counts, sizes and seeds have a few digits)")
     if "duplicate key" in detail:
         return Problem(name, None, f"a key is written twice ({detail}); YAML would silently keep "
                        "the last one", "keep one of the two entries")

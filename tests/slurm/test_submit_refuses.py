@@ -52,6 +52,15 @@ def test_spy_records_a_valid_submission(spy_env, tmp_path):
     # By default the job imports the run's code snapshot, linked in the run directory.
     assert f"PYTHONPATH={RunPaths(run_dir).code}" in shlex.split(driver)[2]
     assert (RunPaths(run_dir).code / "hpc_train" / "job" / "driver.py").is_file()
+    # It ends with how to follow the job: commands that run as printed.
+    follow = out.stdout.split("follow it:\n")[1].splitlines()
+    commands = [shlex.split(line.split("#")[0]) for line in follow]
+    assert [c[:4] for c in commands[:3]] == [["python", "-m", "hpc_train", name] for name in
+                                            ("status", "logs", "diagnose")]
+    assert all(c[4] == str(run_dir) for c in commands[:3]) and "-f" in commands[1]
+    assert commands[3] == ["tensorboard", "--logdir", f"{run_dir}/tensorboard"]
+    status = cli(*commands[0][3:], "--no-slurm")
+    assert status.returncode == 0 and "run:" in status.stdout, status.stderr
 
 
 @pytest.mark.parametrize("conf", ["dead", "missing"])

@@ -69,7 +69,7 @@ def test_no_warning_for_the_shipped_jobs(name):
 
 
 def test_validate_prints_the_warnings_and_exits_0():
-    out = cli("validate", "jobs/resnet.yaml", "--set", "data.workers=1", "--set", "data.pin_memory=false",
+    out = cli("validate", "jobs/resnet.yaml", "--no-slurm", "--set", "data.workers=1", "--set", "data.pin_memory=false",
               "--set", "parallel.backend=ddp", "--set", "parallel.powersgd.rank=8")
     assert out.returncode == 0, out.stderr
     keys = [line.split(":")[1].strip() for line in out.stderr.splitlines()]
