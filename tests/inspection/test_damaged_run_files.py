@@ -4,6 +4,7 @@ empty file. The commands read what they can, say what they skipped, and never ra
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -24,11 +25,22 @@ COMMANDS = (["status", "--no-slurm"], ["status", "--json", "--no-slurm"], ["diag
             ["report", "--no-slurm", "--no-plot"], ["logs", "--all-ranks"])
 
 
-@pytest.fixture(scope="module")
-def pristine(tmp_path_factory) -> Path:
+@pytest.fixture(scope="module", params=["per-rank", "per-node"])
+def pristine(tmp_path_factory, request) -> Path:
+    """A finished run; per-node: its beats and logs as a node's writer leaves them
+    (heartbeat/node-<host>.json, logs/node-<host>.log) instead of one file per rank."""
     paths = make_run(tmp_path_factory.mktemp("pristine"), ranks=2, metric_lines=40)
     shutil.copy(REPO / "jobs/smoke.yaml", paths.spec)
     (paths.root / "environment.jsonl").write_text('{"rank": 0, "host": "node0", "env": {}}\n')
+    if request.param == "per-node":
+        beats = [json.loads(paths.rank_heartbeat(r).read_text()) for r in (0, 1)]
+        paths.node_heartbeat("node0").write_text(json.dumps(
+            {"host": "node0", "writer": 0, "time": beats[0]["time"], "beats": beats}))
+        paths.node_log("node0").write_text("".join(
+            f"[rank {r}] {line}\n" for r in (0, 1) for line in paths.rank_log(r).read_text().splitlines()))
+        for r in (0, 1):
+            paths.rank_heartbeat(r).unlink()
+            paths.rank_log(r).unlink()
     return paths.root
 
 
@@ -36,9 +48,14 @@ def _files(root: Path) -> list[str]:
     return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
 
 
-def test_the_pristine_run_has_the_files_the_readers_read(pristine):
+def test_the_pristine_run_has_the_files_the_readers_read(pristine, capsys):
+    assert main(["logs", str(pristine), "--all-ranks"]) == 0
+    printed = capsys.readouterr().out
+    assert "[rank 0]" in printed and "[rank 1]" in printed
     names = _files(pristine)
-    for expected in ("events.jsonl", "metrics.jsonl", "spec.yaml", "environment.jsonl", "logs/rank-", "heartbeat/rank-"):
+    logs = "logs/node-" if "logs/node-node0.log" in names else "logs/rank-"
+    beats = "heartbeat/node-" if logs == "logs/node-" else "heartbeat/rank-"
+    for expected in ("events.jsonl", "metrics.jsonl", "spec.yaml", "environment.jsonl", logs, beats):
         assert any(name.startswith(expected) for name in names), names
 
 
