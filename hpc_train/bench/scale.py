@@ -33,7 +33,9 @@ from hpc_train.bench.scale_jobs import Jobs, Run, wait_until
 from hpc_train.errors import LaunchError
 
 FREEZE_STEP = 3
-STALL_SECONDS = 10
+# Above the start-up of 8 ranks on 2 shared cores (about 15 s here): a watchdog that fires in
+# the start-up names ranks that never froze.
+STALL_SECONDS = 30
 # One rank per node, every step logged (the first step's time), no loader workers (the cores
 # are few), and long enough to be stopped twice; the benchmark cancels it when it is done.
 COMMON = ["slurm.tasks_per_node=1", "log.every_steps=1", "data.workers=0", "slurm.time=00:20:00",
@@ -93,8 +95,8 @@ def measure_freeze(jobs: Jobs, nodes: int, place: Path, timeout: float, row: Row
         f"slurm.nodes={nodes}", *COMMON, *LONG, f"data.copy_to={place}/$SLURMD_NODENAME",
         f"launch.env.HPC_TRAIN_FAULT=freeze:{rank}:{FREEZE_STEP}", f"launch.stall_seconds={STALL_SECONDS}",
         "launch.restarts_in_job=0", "checkpoint.retries_on_failure=0"])
-    row.stall_named = wait_until(lambda: measure.naming_seconds(run.history(), rank), timeout,
-                                 f"ranks_stalled event naming rank {rank} (job {run.job_id})")
+    row.stall_named = wait_until(lambda: measure.naming_seconds(run.history(), run.metrics(), rank),
+                                 timeout, f"ranks_stalled event naming rank {rank} (job {run.job_id})")
     row.staging = measure.staging_seconds(run.history())
     jobs.cancel(run)
 

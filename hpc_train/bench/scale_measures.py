@@ -52,10 +52,16 @@ def staging_seconds(history: list[dict]) -> float | None:
     return max(e["seconds"] for e in first)
 
 
-def naming_seconds(history: list[dict], rank: int) -> float | None:
+def naming_seconds(history: list[dict], metrics: list[dict], rank: int) -> float | None:
     """From a frozen rank's last progress to the watchdog's `ranks_stalled` event naming it:
-    that rank's idle seconds as the driver wrote them in the event."""
+    that rank's idle seconds as the driver wrote them in the event. Only a stall after the
+    first step counts (one in a slow start-up names ranks that never froze)."""
+    first = first_step_after(metrics, 0.0)
+    if first is None:
+        return None
     for stall in events.named(history, events.RANKS_STALLED):
+        if stall["time"] < first:
+            continue
         for named in stall.get("ranks", []):
             if named.get("rank") == rank and named.get("idle_seconds") is not None:
                 return float(named["idle_seconds"])

@@ -52,8 +52,10 @@ def test_staging_is_the_slowest_node_of_the_first_start():
 
 
 def test_naming_is_the_frozen_ranks_idle_seconds_in_the_stall_event():
-    assert measure.naming_seconds(HISTORY, 1) == 12.5
-    assert measure.naming_seconds(HISTORY, 2) is None
+    assert measure.naming_seconds(HISTORY, METRICS, 1) == 12.5
+    assert measure.naming_seconds(HISTORY, METRICS, 2) is None
+    # A stall before the first step (a slow start-up) names no frozen rank.
+    assert measure.naming_seconds(HISTORY, [{"time": 140.0, "step": 1}], 1) is None
 
 
 def test_driver_cpu_per_second_of_the_first_ending_that_has_it():
