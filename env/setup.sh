@@ -46,7 +46,7 @@ declare -A deb_probe=(
     [munge]="munged" [slurmctld]="slurmctld" [slurmd]="slurmd" [slurm-client]="sbatch"
     [slurmdbd]="slurmdbd" [mariadb-server-core]="mariadbd" [mariadb-client-core]="mariadb"
     [g++]="g++" [make]="make" [cmake]="cmake" [hdf5-tools]="h5ls"
-    # the multi-node Slurm on one machine (env/slurm/start.sh --nodes 3): namespaces, bridge, veths
+    # the multi-node Slurm on one machine (env/slurm/start.sh --nodes 8): namespaces, bridge, veths
     [iproute2]="ip" [util-linux]="nsenter"
     # libjpeg-turbo's headers for the crop-region JPEG decoder (hpc_train/data/_cropjpeg.c)
     [libjpeg62-turbo-dev]="/usr/include/jpeglib.h"

@@ -173,17 +173,27 @@ def restarted(reason: str, cause: str, attempt: int, budget: int, returncode: in
             "budget": budget, "returncode": returncode, "seconds": seconds}
 
 
-def requeued(reason: str, cause: str, by: str, detail: str, returncode: int, seconds: float) -> dict:
-    """by: "driver" (our scontrol requeue) or "slurm" (Slurm had requeued the job already)."""
+def requeued(reason: str, cause: str, by: str, detail: str, returncode: int, seconds: float,
+             driver_cpu_seconds: float | None = None) -> dict:
+    """by: "driver" (our scontrol requeue) or "slurm" (Slurm had requeued the job already);
+    seconds: how long the ranks ran; driver_cpu_seconds: the driver's own CPU time meanwhile."""
     return {"event": REQUEUED, "reason": reason, "cause": cause, "by": by, "detail": detail,
-            "returncode": returncode, "seconds": seconds}
+            "returncode": returncode, "seconds": seconds, **_driver_cpu(driver_cpu_seconds)}
 
 
-def finished(status: str, reason: str, returncode: int | None, seconds: float) -> dict:
+def finished(status: str, reason: str, returncode: int | None, seconds: float,
+             driver_cpu_seconds: float | None = None) -> dict:
+    """seconds and driver_cpu_seconds as requeued's, of the last start of the ranks."""
     if status not in FINISHED_STATES:
         raise ValueError(f"unknown finished status {status!r}")
     return {"event": FINISHED, "status": status, "reason": reason, "returncode": returncode,
-            "seconds": seconds}
+            "seconds": seconds, **_driver_cpu(driver_cpu_seconds)}
+
+
+def _driver_cpu(seconds: float | None) -> dict:
+    """The driver's CPU time while it watched the ranks (what watching costs, read by `bench
+    scale`); absent when not measured (the login node's own `finished` records)."""
+    return {} if seconds is None else {"driver_cpu_seconds": round(seconds, 3)}
 
 
 # -- writing ---------------------------------------------------------------------------------------

@@ -1,8 +1,8 @@
-"""Shared fixtures: the real single-node Slurm, the 3-node Slurm on this machine, and an mpirun
+"""Shared fixtures: the real single-node Slurm, the 8-node Slurm on this machine, and an mpirun
 command line for this host.
 
 The Slurm fixtures use a cluster that already answers (`sinfo`), or start the project's own
-(env/slurm/start.sh, with --nodes 3 for `slurm_nodes`) for the session and stop it afterwards.
+(env/slurm/start.sh, with --nodes 8 for `slurm_nodes`) for the session and stop it afterwards.
 Under CI=true a missing cluster is a failure, never a skip: the end-to-end tests are the point.
 
 Tests marked `heavy` (the whole matrix of a feature, where CI runs a reduced form of it) run only
@@ -116,9 +116,15 @@ class SlurmNodes(SlurmCluster):
     nodes: list[str] = field(default_factory=list)
 
 
+# The multi-node cluster's size: `bench scale` runs at 2, 4 and 8 nodes; the other multi-node
+# tests use 2 or 3 of them (the node-failure ones need a third, a spare or an idle one).
+CLUSTER_NODES = 8
+FEWEST_NODES = 3
+
+
 @pytest.fixture(scope="session")
 def slurm_nodes():
-    """The 3-node cluster of env/slurm/start.sh --nodes 3 (hpcn1..3, one network namespace
+    """The 8-node cluster of env/slurm/start.sh --nodes 8 (hpcn1..8, one network namespace
     each), independent of the single-node one. Point Slurm commands at it with `env`."""
     state = Path(os.environ.get("HPC_TRAIN_SLURM_NODES_STATE") or REPO / ".slurm-state-nodes").resolve()
     conf = state / "etc" / "slurm.conf"
@@ -126,23 +132,25 @@ def slurm_nodes():
     started_here = False
     if not (conf.is_file() and _slurm_answers(env)):
         if os.geteuid() != 0:
-            _unavailable("the 3-node Slurm does not answer and env/slurm/start.sh --nodes 3 needs root")
-        start = subprocess.run(["bash", str(REPO / "env/slurm/start.sh"), "--nodes", "3"],
+            _unavailable(f"the {CLUSTER_NODES}-node Slurm does not answer and env/slurm/start.sh "
+                         f"--nodes {CLUSTER_NODES} needs root")
+        start = subprocess.run(["bash", str(REPO / "env/slurm/start.sh"), "--nodes", str(CLUSTER_NODES)],
                                capture_output=True, text=True, timeout=300)
         if start.returncode != 0:
-            _unavailable(f"env/slurm/start.sh --nodes 3 failed:\n{start.stdout}\n{start.stderr}")
+            _unavailable(f"env/slurm/start.sh --nodes {CLUSTER_NODES} failed:\n{start.stdout}\n{start.stderr}")
         started_here = True
     nodes = [line.split()[0] for line in (state / "nodes").read_text().splitlines() if line.strip()]
-    if len(nodes) < 3:     # the node-failure tests need a third node (a spare, an idle one)
-        _unavailable(f"the multi-node Slurm of {state} has {len(nodes)} nodes, the tests need 3: "
-                     "bash env/slurm/stop.sh --nodes 2 && bash env/slurm/start.sh --nodes 3")
+    if len(nodes) < FEWEST_NODES:
+        _unavailable(f"the multi-node Slurm of {state} has {len(nodes)} nodes, the tests need "
+                     f"{FEWEST_NODES} ({CLUSTER_NODES} for bench scale's): bash env/slurm/stop.sh "
+                     f"--nodes {len(nodes)} && bash env/slurm/start.sh --nodes {CLUSTER_NODES}")
     cluster = SlurmNodes(started_here=started_here, env=env, conf=str(conf), nodes=nodes)
     yield cluster
     if cluster.job_ids:
         subprocess.run(["scancel", *cluster.job_ids], capture_output=True, timeout=30, env=env)
     if cluster.started_here:
-        subprocess.run(["bash", str(REPO / "env/slurm/stop.sh"), "--nodes", "3"], capture_output=True,
-                       timeout=120)
+        subprocess.run(["bash", str(REPO / "env/slurm/stop.sh"), "--nodes", str(len(cluster.nodes))],
+                       capture_output=True, timeout=120)
 
 
 @pytest.fixture(scope="session")

@@ -194,6 +194,29 @@ def _add_gpu(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="print the JSON")
 
 
+def _add_scale(sub: argparse._SubParsersAction) -> None:
+    from hpc_train.bench.scale_args import MEASURES, parse_counts, parse_measures
+
+    p = sub.add_parser(
+        "scale", help="launch, stop, doctor, staging and watchdog times at 2, 4, 8 nodes x 1 rank",
+        description="On the Slurm the environment points at (SLURM_CONF), for each node count, one "
+                    "rank per node, the spec's tiny model: submit to first step under mpirun and "
+                    "srun; USR2 and `scontrol requeue` to training again; `doctor --nodes` wall "
+                    "time; data.copy_to staging; the watchdog's time to name a frozen rank; the "
+                    "driver's CPU seconds per second of watching. Table, or --json; every job it "
+                    "submitted is cancelled at the end, by Ctrl-C too.")
+    p.add_argument("--nodes", type=parse_counts, default=[2, 4, 8], metavar="N,N,...",
+                   help="node counts, one after another (2,4,8)")
+    p.add_argument("--measure", type=parse_measures, default=MEASURES, metavar="LIST",
+                   help=f"from {','.join(MEASURES)} (default all)")
+    p.add_argument("--spec", default="jobs/smoke.yaml", metavar="FILE", help="(jobs/smoke.yaml)")
+    p.add_argument("--timeout", type=positive_float, default=300.0, metavar="S",
+                   help="the bound of every wait, a queue wait included (300)")
+    p.add_argument("--out", metavar="DIR", help="runs, doctor output and scale.json, on a file "
+                   "system the nodes see (default runs/bench-scale-<time>)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+
+
 def register(commands: argparse._SubParsersAction) -> None:
     bench = add_command(commands, "bench", _bench, help="benchmarks: ours vs. a baseline, measured in one run")
     sub = bench.add_subparsers(dest="bench_command", metavar="BENCH_COMMAND", required=True)
@@ -203,3 +226,4 @@ def register(commands: argparse._SubParsersAction) -> None:
     _add_pipeline(sub)
     _add_train(sub)
     _add_gpu(sub)
+    _add_scale(sub)

@@ -228,7 +228,7 @@ class Launch:
 def run_ranks(paths: RunPaths, spec: JobSpec, environ, forwarder: StopForwarder,
               launch: Launch) -> tuple[Decision, Ended]:
     """Start the ranks once, supervise them, and decide and carry out what follows."""
-    started = time.time()
+    started, cpu_before = time.time(), time.process_time()
     allocation, fitted = current_allocation(spec, environ, launch.lost)
     plan = launch_plan(fitted, paths, allocation, environ, launch.deadline)
     argv = launch_argv(plan)
@@ -252,8 +252,9 @@ def run_ranks(paths: RunPaths, spec: JobSpec, environ, forwarder: StopForwarder,
         fault = lost_node(returncode, output.tail(), allocation, environ)
     if fault is not None:
         events.try_record(paths, events.node_lost(list(fault.nodes), fault.why))
+    # process_time: every thread of this process (the watchdog's included), not the ranks.
     ended = Ended(returncode, round(time.time() - started, 1), stall.why if stall else None,
-                  forwarder.reason, fault)
+                  forwarder.reason, fault, time.process_time() - cpu_before)
     decision = conclude(paths, spec, environ, started, launch, ended)
     log.info("ranks exited %d: %s (%s)", returncode, decision.action, decision.reason)
     return decision, ended
@@ -349,15 +350,17 @@ def _carry_out(decision: Decision, paths: RunPaths, environ, restart: int, end: 
             # Not Slurm's end time now: a cancel sets it to the moment of the cancel.
             status = ending_status(time.time(), end)
             events.try_record(paths, events.finished(status, f"{decision.reason}; not requeued: "
-                                                     "Slurm is ending the job", returncode, seconds))
+                                                     "Slurm is ending the job", returncode, seconds,
+                                                     ended.driver_cpu_seconds))
             return Decision("stopped", f"{decision.reason}; Slurm ended the job ({status})")
         if decision.action == "requeue":
             if lost:
                 detail += "; " + _exclude(job_id, lost)
             events.try_record(paths, events.requeued(decision.reason, decision.cause, path, detail,
-                                                     returncode, seconds))
+                                                     returncode, seconds, ended.driver_cpu_seconds))
             return decision
-    events.try_record(paths, events.finished(decision.action, decision.reason, returncode, seconds))
+    events.try_record(paths, events.finished(decision.action, decision.reason, returncode, seconds,
+                                             ended.driver_cpu_seconds))
     return decision
 
 

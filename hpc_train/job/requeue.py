@@ -33,6 +33,7 @@ class Ended:
     stall: str | None = None
     signal: str | None = None
     node_fault: NodeFault | None = None    # the ranks ended because a node died
+    driver_cpu_seconds: float | None = None  # the driver's CPU time while the ranks ran
 
 
 @dataclass(frozen=True)

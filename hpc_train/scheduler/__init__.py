@@ -202,6 +202,13 @@ def cancel(job_ids: list[str], timeout: float = 30.0) -> str | None:
     return None if out.ok else _said(out)
 
 
+def signal_batch(job_id: str, signal: str, timeout: float = 30.0) -> str | None:
+    """`scancel --batch --signal=SIGNAL`: the batch step only (the driver, which forwards it to
+    the ranks), as Slurm does before a time limit with `--signal=B:`; the error, or None."""
+    out = call(["scancel", "--batch", f"--signal={signal}", job_id], timeout, repeatable=False)
+    return None if out.ok else _said(out)
+
+
 def submit(args: list[str], what: str, timeout: float = 60) -> str:
     """`sbatch --parsable ARGS` (options, then the script); the job id, or SubmitError with
     sbatch's own words. Never sent twice once it may have reached Slurm."""

@@ -1,15 +1,15 @@
-"""A node that dies under a 2-node job, on the 3-node Slurm (env/slurm/start.sh --nodes 3).
+"""A node that dies under a 2-node job, on the 8-node Slurm (env/slurm/start.sh --nodes 8).
 
 `jobs/smoke.yaml` as shipped, one rank on each of two nodes; once it has saved a checkpoint, the
 second node is crashed for real (env/slurm/node.sh crash: its slurmd, slurmstepds, mpirun's
 daemon and the rank there SIGKILLed; slurmctld learns of it only by its pings):
 - with `slurm.spare_nodes: 1` the job goes on in its allocation on the spare;
 - with `slurm.nodes: 1-2` it goes on in its allocation on the survivor, one rank;
-- with neither it is requeued off the dead node and runs on the idle third one.
+- with neither it is requeued off the dead node and runs on an idle one.
 Each completes with every sample of every epoch trained once (the sample ledger, from where each
 start resumed), without spending checkpoint.retries_on_failure; `status` names the dead node
 while it is dead and `diagnose` says that a node died. The scenarios run one after another (the
-spare one takes all three nodes), each node revived after its scenario.
+spare one takes three nodes), each node revived after its scenario.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import pytest
 
 from hpc_train import run_state
 from hpc_train.spec import load_spec
-from tests.conftest import REPO
+from tests.conftest import FEWEST_NODES, REPO
 from tests.ledger import assert_every_sample_once_in_order, kept_history, read_ledger
 from tests.runs import cli, describe_failure, events, submit, wait_for
 
@@ -46,18 +46,19 @@ def _status_names(paths, node: str, env) -> str | None:
     return out if f"nodes:      {node} not responding or down" in out else None
 
 
-def _all_idle(cluster) -> bool:
+def _enough_idle(cluster) -> bool:
+    """Three nodes idle: the spare scenario's three, and two free for a `1-2` range."""
     out = subprocess.run(["sinfo", "-h", "-N", "-o", "%T"], capture_output=True, text=True,
                          timeout=30, env=cluster.env).stdout.split()
-    return len(out) == len(cluster.nodes) and set(out) == {"idle"}
+    return out.count("idle") >= FEWEST_NODES
 
 
 def _crash_under(cluster, root, name: str) -> dict:
     """Submit, crash the job's second node after its first checkpoint, wait for the end; the
     node is revived whatever happens."""
-    # Slurm starts a node range on the nodes free at that moment: all three, not one still
-    # completing the previous scenario's job, so that `1-2` starts on 2.
-    wait_for(lambda: _all_idle(cluster), 180, "every node idle")
+    # Slurm starts a node range on the nodes free at that moment: at least two, not one left
+    # beside nodes still completing the previous scenario's job, so that `1-2` starts on 2.
+    wait_for(lambda: _enough_idle(cluster), 180, f"{FEWEST_NODES} nodes idle")
     ledger = root / f"{name}.ledger"
     job_id, paths = submit("jobs/smoke.yaml", root, f"run.name={name}", *JOB, *SHAPES[name],
                            f"launch.env.HPC_TRAIN_SAMPLE_LEDGER={ledger}", env=cluster.env)
@@ -99,7 +100,9 @@ def test_a_dead_node_is_left_behind_and_the_job_completes_exactly(runs, name, sl
     assert not {"failure", "stall"} & set(state.retries), state   # retries_on_failure untouched
     after = _starts(paths)[-1]
     assert victim not in after["hosts"]
-    third = next(node for node in slurm_nodes.nodes if node not in first)
+    # The node it goes on with: the spare Slurm gave, or any idle one (of 8, not one named here).
+    third = next(host for host in after["hosts"] if host not in first) if len(after["hosts"]) > 1 else None
+    assert third is None or third in slurm_nodes.nodes
     if name in ("spare", "survivor"):
         # No requeue: Slurm's records are the allocation before its shrink (once slurmctld
         # marks the node down, --no-kill keeps the job and resizes it) and the job after it.
