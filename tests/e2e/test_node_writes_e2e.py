@@ -1,5 +1,6 @@
-"""A real job on 4 nodes x 2 ranks of the multi-node cluster: the kernel (inotify, tests/inotify.py)
-counts what the ranks write into the run directory's heartbeat/ and logs/ over the whole run.
+"""Real jobs on the 8-node cluster, 8 nodes x 1 rank and 4 nodes x 2 ranks (two ranks per node
+elect the node's writer): the kernel (inotify, tests/inotify.py) counts what the ranks write into
+the run directory's heartbeat/ and logs/ over the whole run.
 
 With log.rank_logs=per_node every node makes at most one heartbeat write and one log write per
 beat interval (the node's writer: its lowest fresh rank), nothing per rank, plus the last rank's
@@ -25,7 +26,6 @@ from tests.runs import cli, describe_failure, submit
 pytestmark = [pytest.mark.multinode, pytest.mark.slurm, pytest.mark.mpi, pytest.mark.slow]
 
 STALL = 20.0        # launch.stall_seconds: a 2 s beat interval
-NODES, PER_NODE = 4, 2
 ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"}
 
 
@@ -70,10 +70,11 @@ def _assert_paced(times: dict[str, list[float]], interval: float, what: str) -> 
         assert len(at) <= span / interval + 3, f"{what} {name}: {len(at)} writes in {span:.0f} s"
 
 
-def test_a_job_on_4_nodes_writes_once_per_node_per_interval_and_stays_readable(slurm_nodes, tmp_path):
+@pytest.mark.parametrize("nodes, per_node", [(8, 1), (4, 2)], ids=["8x1", "4x2"])
+def test_a_job_writes_once_per_node_per_interval_and_stays_readable(slurm_nodes, tmp_path, nodes, per_node):
     interval = beat_interval(STALL)
     job_id, paths = submit("jobs/smoke.yaml", tmp_path, "run.name=node-writes",
-                           f"slurm.nodes={NODES}", f"slurm.tasks_per_node={PER_NODE}",
+                           f"slurm.nodes={nodes}", f"slurm.tasks_per_node={per_node}",
                            "parallel.backend=ddp", "launch.method=mpirun", f"launch.stall_seconds={STALL:g}",
                            "log.rank_logs=per_node", "optim.max_steps=30", "log.every_steps=5",
                            "checkpoint.every_steps=1000", env=slurm_nodes.env)
@@ -87,26 +88,26 @@ def test_a_job_on_4_nodes_writes_once_per_node_per_interval_and_stays_readable(s
 
     beats = _times(seen, paths.heartbeat, inotify.IN_MOVED_TO)
     created = {e.name for _, e in seen if e.mask & inotify.IN_CREATE}
-    assert len(beats) == NODES and all(n.startswith("node-") for n in beats), sorted(beats)
+    assert len(beats) == nodes and all(n.startswith("node-") for n in beats), sorted(beats)
     assert not [n for n in created if n.startswith(("rank-", ".rank-"))], sorted(created)
     _assert_paced(beats, interval, "heartbeat")
     lines = _times(seen, paths.logs, inotify.IN_MODIFY)
-    assert len(lines) == NODES and all(n.startswith("node-") for n in lines), sorted(lines)
+    assert len(lines) == nodes and all(n.startswith("node-") for n in lines), sorted(lines)
     _assert_paced(lines, interval, "log")
     print(f"[node writes] {json.dumps({n: len(t) for n, t in sorted({**beats, **lines}.items())})} "
           f"over {max(t[-1] for t in beats.values()) - min(t[0] for t in beats.values()):.0f} s, "
           f"interval {interval:g} s")
 
     found = read_beats(paths.heartbeat)
-    assert sorted(found) == list(range(NODES * PER_NODE))
+    assert sorted(found) == list(range(nodes * per_node))
     hosts = defaultdict(list)
     for rank, beat in found.items():
         hosts[beat.host].append(rank)
-    assert len(hosts) == NODES and all(len(r) == PER_NODE for r in hosts.values()), hosts
+    assert len(hosts) == nodes and all(len(r) == per_node for r in hosts.values()), hosts
     assert not list(Path("/dev/shm").glob(f"hpc_train-{job_id}-*")), "node-local directories left"
 
     streams = logs.rank_logs(paths)
-    assert sorted(streams) == list(range(NODES * PER_NODE))
+    assert sorted(streams) == list(range(nodes * per_node))
     for rank, stream in streams.items():
         texts = stream.texts()
         stamped = [t for t in texts if t[:2] == "20"]
@@ -117,6 +118,6 @@ def test_a_job_on_4_nodes_writes_once_per_node_per_interval_and_stays_readable(s
     one = cli("logs", str(paths.root), "--rank", "5", "--grep", "rank 5", env=slurm_nodes.env)
     assert one.returncode == 0 and "rank 5 done" in one.stdout and "rank 4 " not in one.stdout, one.stdout
     every = cli("logs", str(paths.root), "--all-ranks", env=slurm_nodes.env)
-    assert every.returncode == 0 and all(f"[rank {r}]" in every.stdout for r in range(NODES * PER_NODE))
+    assert every.returncode == 0 and all(f"[rank {r}]" in every.stdout for r in range(nodes * per_node))
     diagnosis = cli("diagnose", str(paths.root), "--json", env=slurm_nodes.env)
     assert diagnosis.returncode == 0 and json.loads(diagnosis.stdout)["first_failure"] is None, diagnosis.stdout
