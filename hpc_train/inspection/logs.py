@@ -2,9 +2,9 @@
 
 A rank's lines are in its own file, logs/rank-N.log, or in its node's, logs/node-<host>.log,
 each line there prefixed "[rank N] " (log.rank_logs: per_node, runtime/node_log.py); `RankLog`
-reads either as the rank's own stream. Rank logs are appended across requeues and resumes. A run begins at each `started` event (the
-driver writes it just before mpirun starts the ranks), so a line belongs to the last run that
-started before its timestamp: no marker in the log is needed.
+reads either as the rank's own stream. Rank logs are appended across requeues and resumes. A run
+begins at each `started` event (the driver writes it just before mpirun starts the ranks), so a
+line belongs to the last run that started before its timestamp: no marker in the log is needed.
 """
 
 from __future__ import annotations

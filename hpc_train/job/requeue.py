@@ -43,7 +43,8 @@ class Budget:
     state) against checkpoint.retries_on_failure; restarts in this job against
     launch.restarts_in_job; requeues after a node's death against
     checkpoint.retries_on_node_failure, a restart without it against the hosts left beyond
-    the fewest the ranks need (slurm.spare_nodes, or slurm.nodes a range). can_requeue: under Slurm (not submitit's local executor)."""
+    the fewest the ranks need (slurm.spare_nodes, or slurm.nodes a range). can_requeue: under
+    Slurm (not submitit's local executor)."""
     requeues: int = 0
     max_requeues: int = 0
     failed_runs: int = 0
