@@ -26,7 +26,7 @@ from hpc_train.rundir import RunPaths
 from hpc_train.runtime.gpu_sampler import start_sampler
 from hpc_train.runtime.heartbeat import AUTO, Heartbeat, Phase
 from hpc_train.runtime.node_beats import NodeWriter
-from hpc_train.runtime.node_local import NodeLocal, node_local_dir
+from hpc_train.runtime.node_local import NodeLocal, node_local_dir, sweep_stale
 from hpc_train.runtime.node_log import RANK_LOGS_ENV, RankLogs
 from hpc_train.runtime.netif import ipv4_addresses
 from hpc_train.runtime.stop import NODES_ENV, STALL_ENV, STOP_EXIT, StopFlag
@@ -102,6 +102,7 @@ class NodePlace:
     def here(cls, paths: RunPaths, environ) -> NodePlace:
         host = os.uname().nodename
         local = NodeLocal(node_local_dir(environ, paths.root, host)).make()
+        sweep_stale(local.root.parent, keep=local.root)   # killed jobs' leftovers, an hour old
         return cls(paths, local, host, environ.get(RANK_LOGS_ENV) == RankLogs.PER_NODE.value)
 
     def rank_log(self, rank: int) -> Path:

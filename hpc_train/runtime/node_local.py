@@ -7,7 +7,10 @@ It lies under /dev/shm (memory: no disk, no shared file system), or $TMPDIR or /
 is shared between hosts (the test cluster's network-namespace nodes share /tmp and /dev/shm).
 A requeued job or a restart in the job finds the same directory on the same host again, and
 gathers what its predecessor left (runtime/node_log.py). The node's last rank to close removes it
-(`NodeLocal.remove`); a killed node leaves it to the node's reboot or tmpfs cleaner.
+(`NodeLocal.remove`). Ranks that are killed (scancel, a preemption's SIGKILL, a time limit)
+leave it behind, and many sites never clear /dev/shm between jobs: each rank's start therefore
+removes this user's directories of other jobs that nothing has written to for STALE_SECONDS
+(`sweep_stale`); a live job beats into its own every few seconds.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from hpc_train.rundir import host_file_name
 
 SHM = Path("/dev/shm")
 LOCK_NAME = "node.lock"
+STALE_SECONDS = 3600.0     # far beyond any beat interval (at most 5 s) and stall bound (600 s)
 
 
 def job_key(environ: Mapping[str, str], run_dir: Path) -> str:
@@ -55,6 +59,25 @@ def node_local_dir(environ: Mapping[str, str], run_dir: Path, host: str, base: P
     """This job's directory on this host (not created)."""
     base = node_local_base(environ) if base is None else Path(base)
     return base / f"hpc_train-{job_key(environ, run_dir)}-{host_file_name(host)}"
+
+
+def sweep_stale(base: Path, keep: Path, now: float | None = None,
+                older_than: float = STALE_SECONDS) -> list[Path]:
+    """Remove this user's `hpc_train-*` directories under `base`, but `keep`, whose newest
+    file is older than `older_than` seconds (killed jobs' leftovers); the ones removed."""
+    now = time.time() if now is None else now
+    removed = []
+    for directory in base.glob("hpc_train-*"):
+        try:
+            if directory == keep or not directory.is_dir() or directory.stat().st_uid != os.getuid():
+                continue
+            newest = max([p.stat().st_mtime for p in directory.iterdir()] + [directory.stat().st_mtime])
+        except OSError:
+            continue          # another rank of the node removed it meanwhile
+        if now - newest > older_than:
+            shutil.rmtree(directory, ignore_errors=True)
+            removed.append(directory)
+    return removed
 
 
 @dataclass(frozen=True)

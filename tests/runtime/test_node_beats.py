@@ -11,7 +11,7 @@ from hpc_train.job import watchdog
 from hpc_train.rundir import RunPaths
 from hpc_train.runtime.heartbeat import Heartbeat, read_beats, silent_after
 from hpc_train.runtime.node_beats import NodeWriter, elect_writer
-from hpc_train.runtime.node_local import NodeLocal, job_key, node_local_base, node_local_dir
+from hpc_train.runtime.node_local import NodeLocal, job_key, node_local_base, node_local_dir, sweep_stale
 
 SILENT = 10.0
 
@@ -146,3 +146,20 @@ def test_the_node_dir_is_named_by_job_and_host_and_falls_back_from_shm(tmp_path)
     missing = tmp_path / "no-shm"
     assert node_local_base({"TMPDIR": str(tmp_path)}, shm=missing) == tmp_path
     assert str(node_local_base({}, shm=missing)) == "/tmp"
+
+
+def test_a_start_removes_killed_jobs_leftovers_an_hour_old_and_nothing_else(tmp_path):
+    import os
+    now = 1_800_000_000.0
+    mine = NodeLocal(tmp_path / "hpc_train-7-vm").make()
+    old = NodeLocal(tmp_path / "hpc_train-5-vm").make()
+    live = NodeLocal(tmp_path / "hpc_train-6-vm").make()
+    other = tmp_path / "not-ours"
+    other.mkdir()
+    for local, age in ((mine, 7200), (old, 7200), (live, 10)):
+        local.beat(0).write_text("{}")
+        for path in (local.beat(0), local.root):
+            os.utime(path, (now - age, now - age))
+    os.utime(other, (now - 7200, now - 7200))
+    assert sweep_stale(tmp_path, keep=mine.root, now=now) == [old.root]
+    assert mine.root.is_dir() and live.root.is_dir() and other.is_dir() and not old.root.exists()
