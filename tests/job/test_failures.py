@@ -13,6 +13,7 @@ import pytest
 
 from hpc_train.checkpoint import layout
 from hpc_train.checkpoint.manager import CheckpointManager
+from hpc_train.runtime.heartbeat import read_beats
 from tests.conftest import REPO
 from tests.runs import rank_beat, drive, events, heartbeat_step, local_run
 
@@ -44,6 +45,7 @@ def _saver_script(root) -> str:
     return f"""
 import torch
 from hpc_train.checkpoint.manager import CheckpointManager
+from hpc_train.runtime.heartbeat import read_beats
 m = CheckpointManager({str(root)!r}, 0, 1, lambda: None, keep_last=2)
 step = m.latest() or 0
 while True:
@@ -85,7 +87,8 @@ def test_run_killed_while_saving_resumes_from_the_previous_checkpoint(tmp_path):
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline and driver.poll() is None and killed_during is None:
         saving = [p for p in paths.checkpoints.glob(".step-*.tmp")]
-        if saving and layout.list_complete(paths.checkpoints):
+        # The node's file gains a rank that started after its first write within an interval.
+        if saving and layout.list_complete(paths.checkpoints) and 0 in read_beats(paths.heartbeat):
             pid = rank_beat(paths, 0)["pid"]
             os.kill(pid, signal.SIGKILL)               # rank 0 is the one writing the shared state
             killed_during = saving[0].name
