@@ -108,11 +108,11 @@ class Run:
         what `status --json` prints (docs/status-schema.json). `slurm=False`: the events alone."""
         return build_status(self.path, slurm)
 
-    def wait(self, timeout: float, poll: float = POLL_SECONDS) -> RunStatus:
+    def wait(self, timeout: float, poll: float = POLL_SECONDS, slurm: bool = True) -> RunStatus:
         """Block until the run is over (COMPLETED, FAILED, CANCELLED, TIMEOUT, ...) and return
         its final status; WaitTimeout (a TimeoutError; `.status` holds the last one) after
         `timeout` seconds. Requeues are not the end: a requeued job is still Slurm's."""
-        return wait_for(self.status, timeout, poll)
+        return wait_for(lambda: self.status(slurm), timeout, poll)
 
     def metrics(self, split: str | None = None) -> list[dict]:
         """metrics.jsonl's lines in order, across requeues and resumes; split="train" keeps
