@@ -10,7 +10,7 @@ import argparse
 import sys
 
 from hpc_train import __version__
-from hpc_train.argtypes import add_command, positive_float, positive_int, print_warnings
+from hpc_train.argtypes import add_command, positive_float, positive_int
 from hpc_train.errors import HpcTrainError
 
 
@@ -58,59 +58,44 @@ def _validate(args: argparse.Namespace) -> int:
 
 
 def _load_checked(args: argparse.Namespace, notes: bool = True):
-    """The spec of FILE with --set applied; warnings (and `notes`: what could not be checked)
-    to stderr; SpecError (exit 2) on problems."""
-    from hpc_train.spec import validate_spec_file
+    """The spec of FILE with --set applied, checked as the API checks it (api/specs.py)."""
+    from hpc_train.api.specs import checked_spec
 
-    from hpc_train.spec.capacity import check_capacity
-
-    spec, warnings = validate_spec_file(args.file, args.overrides)
-    print_warnings(warnings)
-    # Before the queue: the batch against the split's manifest, the nodes against the partition.
-    said = check_capacity(spec, ask_slurm=not (args.no_slurm or getattr(args, "local", False)))
-    for note in said if notes else ():
-        print(f"note: {note}", file=sys.stderr)
-    return spec
+    return checked_spec(args.file, args.overrides, _ask_slurm(args), notes)
 
 
 def _load_for_submission(args: argparse.Namespace):
-    """The checked spec with absolute paths; warns when the shards are not visible from here."""
-    from pathlib import Path
+    """The checked spec with absolute paths (api/specs.py: submission_spec)."""
+    from hpc_train.api.specs import submission_spec
 
-    from hpc_train.spec.paths import resolve_paths
+    return submission_spec(args.file, args.overrides, _ask_slurm(args))
 
-    # A submission that cannot ask Slurm says so itself, in one line: no notes here.
-    spec = resolve_paths(_load_checked(args, notes=False))
-    if spec.data.kind in ("hdf5", "tokens") and not (Path(spec.data.path) / "train" / "manifest.json").is_file():
-        # A warning, not an error: compute nodes may mount paths this login node does not see.
-        command = "data shard" if spec.data.kind == "hdf5" else "data tokenize"
-        print(f"warning: data.path: no {spec.data.path}/train/manifest.json visible from here; "
-              "the job fails at start unless the compute nodes see it. Fix: convert the data with "
-              f"`python -m hpc_train {command} --out` that directory", file=sys.stderr)
-    return spec
+
+def _ask_slurm(args: argparse.Namespace) -> bool:
+    return not (args.no_slurm or getattr(args, "local", False))
 
 
 def _submit(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from hpc_train import api
     from hpc_train.slurm import submit
-    from hpc_train.slurm.run_code import CODE_NEW, CODE_NONE
 
-    spec = _load_for_submission(args)
     if args.dry_run:
+        spec = _load_for_submission(args)
         run_dir = Path(spec.run.root).resolve() / f"{spec.run.name}-<timestamp>"
         print(submit.planned_script(spec, run_dir, snapshot=args.snapshot))
         print("# dry run: nothing was submitted and no run directory was created", file=sys.stderr)
         return 0
-    result = submit.submit(spec, use_slurm=False if args.local else None,
-                           code=CODE_NEW if args.snapshot else CODE_NONE)
-    if result.executor == "local":
+    run = api.submit(args.file, args.overrides, local=args.local, snapshot=args.snapshot,
+                     ask_slurm=not args.no_slurm)
+    if run.executor == "local":
         reason = "--local" if args.local else "sbatch is not on PATH"
         print(f"note: {reason}: running the job on this machine with submitit's local executor",
               file=sys.stderr)
-    print(f"job id:  {result.job_id}")
-    print(f"run dir: {result.run_dir}")
-    print(following(spec, result.run_dir))
+    print(f"job id:  {run.job_id}")
+    print(f"run dir: {run.path}")
+    print(following(run.spec(), run.path))
     return 0
 
 
@@ -128,12 +113,12 @@ def following(spec, run_dir) -> str:
 
 
 def _resume(args: argparse.Namespace) -> int:
-    from hpc_train.slurm.resume import resume_run
+    from hpc_train import api
 
-    result = resume_run(args.run_dir, args.overrides, args.allow_spec_change,
-                        use_slurm=False if args.local else None, code=args.code)
-    print(f"job id:  {result.job_id}")
-    print(f"run dir: {result.run_dir} (continues from its latest complete checkpoint)")
+    run = api.resume(args.run_dir, args.overrides, args.allow_spec_change, local=args.local,
+                     code=args.code)
+    print(f"job id:  {run.job_id}")
+    print(f"run dir: {run.path} (continues from its latest complete checkpoint)")
     return 0
 
 

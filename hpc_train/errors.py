@@ -51,3 +51,14 @@ class InspectError(HpcTrainError):
     """An inspection command cannot answer: no such run directory, rank or run."""
 
     exit_code = 7
+
+
+class WaitTimeout(HpcTrainError, TimeoutError):
+    """A wait for a run to end ran past its bound; the run goes on. `status` is its last status
+    (the API's Run.wait), so a caller can tell how far it got."""
+
+    exit_code = 8
+
+    def __init__(self, message: str, status=None):
+        super().__init__(message)
+        self.status = status

@@ -19,7 +19,7 @@ LAYERS = {  # bottom to top; a module may import its own layer and those below
     "rank": ("hpc_train.train",),
     "job": ("hpc_train.job", "hpc_train.evaluate", "hpc_train.export"),
     "login": ("hpc_train.slurm", "hpc_train.inspection", "hpc_train.doctor", "hpc_train.bench",
-              "hpc_train.workflow"),
+              "hpc_train.workflow", "hpc_train.api"),
     "entry": ("hpc_train.cli", "hpc_train.__main__"),
 }
 ORDER = list(LAYERS)
