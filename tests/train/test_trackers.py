@@ -100,3 +100,15 @@ def test_a_restarted_run_continues_its_tracker_runs_with_each_step_once(tmp_path
         json.loads(paths.trackers.read_text())["mlflow"]["run_id"])
     assert run.data.params["log.every_steps"] == "1"
     assert run.data.tags["final_checkpoint"].endswith(f"step-{total:08d}")
+
+
+def test_status_shows_the_wandb_sync_command_of_an_offline_run(tmp_path):
+    from hpc_train.inspection.trackers import tracker_views
+
+    paths = RunPaths(tmp_path / "run")
+    log = {"trackers": ["wandb", "mlflow"], "wandb": {"mode": "offline"}, "mlflow": {}}
+    wandb, mlflow = tracker_views(log, paths, {Tracker.MLFLOW: TrackerRun("m1")})
+    assert wandb.command == f"wandb sync --id {wandb_run_id(paths.root)} {paths.root}/wandb/offline-run-*"
+    assert mlflow.run_id == "m1" and f"file:{paths.root}/mlruns" in mlflow.command
+    online = tracker_views({**log, "wandb": {"mode": "online"}}, paths, {})[0]
+    assert online.command is None
