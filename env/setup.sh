@@ -142,6 +142,17 @@ else
     say "simplejpeg: no wheel for this platform; JPEG decoding falls back to Pillow (slower)"
 fi
 
+# The experiment trackers of log.trackers (extras `wandb`, `mlflow`: mlflow-skinny, whose file
+# store needs no database); checked with `pip install --dry-run` to change no installed package
+# (torch, numpy, protobuf). A failure is reported, not fatal: those trackers are then skipped.
+if "$py" -c 'import wandb, mlflow' 2>/dev/null; then
+    say "trackers: wandb $("$py" -c 'import wandb; print(wandb.__version__)'), mlflow already installed"
+elif pip install -q "wandb>=0.31" "mlflow-skinny>=3.17"; then
+    say "trackers: wandb and mlflow-skinny installed (log.trackers: wandb, mlflow)"
+else
+    say "trackers: wandb or mlflow did not install; log.trackers wandb and mlflow log nothing"
+fi
+
 # The crop-region JPEG decoder (a C extension against the system libjpeg-turbo): rebuilt only
 # when its source or the interpreter changed; where it cannot build, simplejpeg or Pillow decode.
 if cropjpeg="$("$py" -m hpc_train.data.cropjpeg_build 2>&1)"; then

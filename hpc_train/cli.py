@@ -107,9 +107,19 @@ def following(spec, run_dir) -> str:
     lines = ["follow it:", f"  python -m hpc_train status {run}         # state, progress, ETA, health",
              f"  python -m hpc_train logs {run} -f --all-ranks   # the ranks' logs as they come",
              f"  python -m hpc_train diagnose {run}       # when it fails: the first failed rank"]
-    if spec.log.tensorboard:
-        lines.append(f"  tensorboard --logdir {quote(str(run_dir) + '/tensorboard')}   # loss, accuracy, LR")
+    lines += tracker_lines(spec, run_dir)
     return "\n".join(lines)
+
+
+def tracker_lines(spec, run_dir) -> list[str]:
+    """The commands to see the run's trackers (TensorBoard, W&B's sync, MLflow's UI)."""
+    from pathlib import Path
+
+    from hpc_train.inspection.trackers import follow_lines, tracker_views
+    from hpc_train.rundir import RunPaths
+    from hpc_train.spec import spec_to_dict
+
+    return follow_lines(tracker_views(spec_to_dict(spec)["log"], RunPaths(Path(str(run_dir))), {}))
 
 
 def _resume(args: argparse.Namespace) -> int:

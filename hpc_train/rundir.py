@@ -82,6 +82,21 @@ class RunPaths:
         return self.root / "tensorboard"
 
     @property
+    def trackers(self) -> Path:
+        """The experiment trackers' run ids and logged steps (runtime/tracker_state.py)."""
+        return self.root / "trackers.json"
+
+    @property
+    def wandb(self) -> Path:
+        """W&B's files (log.trackers: wandb): wandb/offline-run-<time>-<id>/ per segment."""
+        return self.root / "wandb"
+
+    @property
+    def mlruns(self) -> Path:
+        """MLflow's default file store (log.trackers: mlflow, log.mlflow.tracking_uri null)."""
+        return self.root / "mlruns"
+
+    @property
     def logs(self) -> Path:
         return self.root / "logs"
 

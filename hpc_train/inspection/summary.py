@@ -15,6 +15,7 @@ from hpc_train import events as ev
 from hpc_train import run_state
 from hpc_train.checkpoint.layout import MARKER, list_complete, step_dir_name
 from hpc_train.inspection.health import Beat, Health, assess
+from hpc_train.inspection.trackers import TrackerView, read_views
 from hpc_train.job.straggler import slowest_rank
 from hpc_train.rundir import RunPaths, read_jsonl
 from hpc_train.run_state import RunState
@@ -63,6 +64,8 @@ class RunStatus:
     restarts_in_job: dict[str, int] = field(default_factory=dict)   # per cause (the run state)
     lost_nodes: dict[str, str] = field(default_factory=dict)  # the job's nodes Slurm shows lost: state
     diagnosis: dict | None = None     # set by the caller for failed or stalled runs
+    # The run's experiment trackers: tracker, run_id, command (W&B: `wandb sync`), what.
+    trackers: list[TrackerView] = field(default_factory=list)
     updated: float = field(default_factory=time.time)
 
     def to_json(self) -> dict:
@@ -113,13 +116,15 @@ class RunFiles:
     spec: dict | None = None                # spec.yaml as saved
     waiting_ranks: list[int] = field(default_factory=list)  # missing at a collective (Horovod)
     state: RunState = field(default_factory=RunState)
+    trackers: list[TrackerView] = field(default_factory=list)
 
     @classmethod
     def read(cls, paths: RunPaths) -> RunFiles:
         events = ev.read(paths)
         beats = heartbeat.read_beats(paths.heartbeat, ev.start_time(events))  # the current run's
+        spec = read_spec(paths)
         return cls(paths, events, read_jsonl(paths.metrics), beats, latest_checkpoint(paths),
-                   read_spec(paths), state=run_state.read(paths))
+                   spec, state=run_state.read(paths), trackers=read_views(paths, spec))
 
 
 def summarize(run: RunFiles, now: float, slurm: Job | None = None,
@@ -164,6 +169,7 @@ def summarize(run: RunFiles, now: float, slurm: Job | None = None,
                       run.waiting_ranks, world_size=world, launched=launched,
                       stall_seconds=ev.stall_seconds(events, DEFAULT_STALL_SECONDS)),
         restarts_in_job=dict(run.state.restarts_in_job), slowest=slowest(run.beats, run.spec),
+        trackers=list(run.trackers),
         updated=now)
 
 

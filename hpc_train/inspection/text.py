@@ -66,6 +66,7 @@ def status_rows(s: RunStatus) -> list[tuple[str, str]]:
         rows.append(("failure", f"rank {failure['rank']}: {failure['exception']}"))
     for sig in (s.diagnosis or {}).get("signatures", []):
         rows.append(("signature", f"{sig['title']}: {sig['fix']}"))
+    rows += [(view.tracker, view.command) for view in s.trackers if view.command]
     return rows
 
 

@@ -19,6 +19,7 @@ from hpc_train.spec.pipeline_rules import PIPELINE_ERROR_RULES, PIPELINE_WARNING
 from hpc_train.spec.problems import Problem
 from hpc_train.spec.schema import JobSpec
 from hpc_train.spec.throughput_rules import THROUGHPUT_ERROR_RULES, THROUGHPUT_WARNING_RULES
+from hpc_train.spec.tracker_rules import TRACKER_WARNING_RULES
 
 Rule = Callable[[JobSpec], Iterable[Problem]]
 
@@ -172,7 +173,8 @@ WARNING_RULES: tuple[Rule, ...] = (idle_gpus, fixed_loss_scale_unused,
                                    warmup_shorter_than_training, milestones_within_training,
                                    path_unused, pmi_needs_srun, copy_to_unused,
                                    *PIPELINE_WARNING_RULES, *THROUGHPUT_WARNING_RULES,
-                                   *FSDP_WARNING_RULES, section_settings_unused)
+                                   *FSDP_WARNING_RULES, section_settings_unused,
+                                   *TRACKER_WARNING_RULES)
 
 
 def check_spec(spec: JobSpec) -> tuple[list[Problem], list[Problem]]:

@@ -15,6 +15,7 @@ from hpc_train.models.catalog import MODEL_NAMES, model as model_entry, options_
 from hpc_train.parallel.layout import Parallelism, ParallelLayout
 from hpc_train.runtime.heartbeat import AUTO, AUTO_START_SECONDS
 from hpc_train.runtime.node_log import PER_NODE_ABOVE, RankLogs
+from hpc_train.runtime.tracker_state import Tracker
 from hpc_train.spec import values
 
 ModelName = Literal[MODEL_NAMES]        # the model catalog's names: one list
@@ -388,16 +389,58 @@ class CheckpointSpec:
 
 
 @dataclass(frozen=True)
+class WandbSpec:
+    """Weights & Biases (log.trackers: wandb); files under the run directory's wandb/."""
+    mode: Literal["offline", "online"] = spec_field(
+        "offline", doc="offline: write the run's files only (compute nodes often have no "
+        "internet), then `wandb sync` them from the login node (`status` prints the command); "
+        "online: send them as the run goes")
+    project: Optional[str] = spec_field(None, doc="W&B project; null: the run's run.name",
+                                        example="imagenet")
+    entity: Optional[str] = spec_field(None, doc="W&B entity (user or team); null: W&B's "
+                                       "default for the account", example="my-team")
+    name: Optional[str] = spec_field(None, doc="W&B run name; null: the run directory's name",
+                                     example="resnet50-baseline")
+
+
+@dataclass(frozen=True)
+class MlflowSpec:
+    """MLflow (log.trackers: mlflow)."""
+    tracking_uri: Optional[str] = spec_field(
+        None, doc="where MLflow writes: a URI (file:/path, http://host:5000, databricks); "
+        "null: a file store under the run directory, file:RUN/mlruns",
+        example="http://mlflow.example.org:5000")
+    experiment: Optional[str] = spec_field(None, doc="MLflow experiment name; null: the run's "
+                                           "run.name", example="imagenet")
+
+
+@dataclass(frozen=True)
 class LogSpec:
     every_steps: int = spec_field(20, doc="log metrics every N optimizer steps", ge=1)
-    tensorboard: bool = spec_field(True, doc="also write the metrics as TensorBoard event files "
-                                   "under the run directory's tensorboard/ (rank 0)")
+    tensorboard: bool = spec_field(True, doc="the default of log.trackers: true is "
+                                   "[tensorboard], false is []; ignored once log.trackers is set")
+    trackers: Optional[list[Literal[tuple(t.value for t in Tracker)]]] = spec_field(
+        None, doc="experiment trackers rank 0 writes the metrics (loss, lr, images/s, eval "
+        "accuracy), the spec (flattened, as parameters) and the final checkpoint's path to: "
+        "tensorboard (tensorboard/), wandb (log.wandb) and mlflow (log.mlflow), the latter two "
+        "optional extras; every requeue and resume goes on with the same tracker run; null: "
+        "from log.tensorboard", example="[tensorboard, mlflow]")
+    wandb: WandbSpec = field(default_factory=WandbSpec)
+    mlflow: MlflowSpec = field(default_factory=MlflowSpec)
     rank_logs: Literal[tuple(m.value for m in RankLogs)] = spec_field(
         "auto", doc="where the ranks' output goes: per_rank, logs/rank-N.log (one shared file "
         "per rank); per_node, a file per rank on its node, gathered by one rank of the node "
         "into logs/node-<host>.log once per heartbeat interval (lines prefixed [rank N]; a "
         f"node that dies loses at most its last interval); auto: per_rank up to {PER_NODE_ABOVE} "
         "ranks, per_node above")
+
+    @property
+    def chosen_trackers(self) -> tuple[Tracker, ...]:
+        """The trackers rank 0 writes to: log.trackers in its order, once each, or from
+        log.tensorboard when log.trackers is null."""
+        if self.trackers is None:
+            return (Tracker.TENSORBOARD,) if self.tensorboard else ()
+        return tuple(dict.fromkeys(Tracker(name) for name in self.trackers))
 
 
 def scale_lr(base_lr: float, samples_per_step: int, *, reference_batch: int = 256) -> float:

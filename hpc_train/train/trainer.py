@@ -25,6 +25,7 @@ from hpc_train.parallel.data_parallel import make_backend
 from hpc_train.parallel.fsdp import full_parameters
 from hpc_train.parallel.layout import Parallelism, ParallelLayout
 from hpc_train import events
+from hpc_train.checkpoint.layout import step_dir_name
 from hpc_train.rundir import RunPaths, append_jsonl
 from hpc_train.runtime.faults import FaultInjector
 from hpc_train.runtime.heartbeat import NoHeartbeat, Phase
@@ -47,7 +48,7 @@ from hpc_train.train.pipeline_trainer import PipelineParts
 from hpc_train.train.precision import Precision
 from hpc_train.train.schedule import LrSchedule
 from hpc_train.train.step import optimizer_step
-from hpc_train.train.tensorboard_log import TensorBoardLog
+from hpc_train.train.trackers.tracker_set import TrackerSet
 from hpc_train.train.timing import NO_CLOCK, StepTimes
 
 log = logging.getLogger("hpc_train.trainer")
@@ -182,7 +183,7 @@ class Trainer:
         self.ledger = SampleLedger(identity.rank, first=self.place.stage == 0)
         self.checkpoints = Checkpointing(self._checkpointed(), self.progress, written or spec,
                                          paths, identity, self.backend, self.heartbeat, stop)
-        self.tensorboard: TensorBoardLog | None = None
+        self.trackers: TrackerSet | None = None
 
     def _checkpointed(self) -> CheckpointedState:
         """The parts' components plus the loop's own: what a checkpoint saves, by name and file."""
@@ -229,7 +230,7 @@ class Trainer:
         """Train to total_steps, resuming from the latest checkpoint; raises StopForRequeue."""
         self.heartbeat.progress(phase=Phase.RESUMING)
         self.checkpoints.resume()
-        self._open_tensorboard()
+        self._open_trackers()
         if self.identity.is_main:
             # Every segment: a resume on other ranks derives other steps. The field keeps its
             # name `global_batch`: run directories are a file format.
@@ -243,28 +244,30 @@ class Trainer:
         self.train_steps(self.total_steps - self.step)
         self.checkpoints.save("final")
         self.checkpoints.finish_writes()
+        if self.trackers is not None:
+            self.trackers.final_checkpoint(self.paths.checkpoints / step_dir_name(self.step))
         events.try_record(self.paths, events.rank_finished(
             self.identity.rank, self.step, parameters_digest(self.model), stage=self.place.stage,
             replica=self.place.replica))
         self.backend.shutdown()
 
-    def _open_tensorboard(self) -> None:
-        """Rank 0's event files, continuing at this run's first step (see tensorboard_log)."""
-        if self.identity.is_main and self.spec.log.tensorboard:
-            self.tensorboard = TensorBoardLog(self.paths.tensorboard, self.step + 1 if self.step else 0,
-                                              spec_to_dict(self.spec), dump_spec_yaml(self.spec))
+    def _open_trackers(self) -> None:
+        """Rank 0's experiment trackers, continuing the run's tracker runs (train/trackers)."""
+        if self.identity.is_main and self.spec.log.chosen_trackers:
+            self.trackers = TrackerSet.open(self.spec, self.paths, self.step + 1 if self.step else 0,
+                                            spec_to_dict(self.spec), dump_spec_yaml(self.spec))
 
     def _write_metrics(self, record: dict) -> None:
         append_jsonl(self.paths.metrics, record)
-        if self.tensorboard is not None:
-            self.tensorboard.write(record)
+        if self.trackers is not None:
+            self.trackers.write(record)
 
     def close(self) -> None:
         """Stop the data workers now, on every way out of a rank (see `shutdown_workers`)."""
         for loader in (self.train_loader, self.val_loader):
             shutdown_workers(loader)
-        if self.tensorboard is not None:
-            self.tensorboard.close()
+        if self.trackers is not None:
+            self.trackers.close()
 
     def _micro_batches(self, batches):
         accumulation = self.spec.parallel.accumulation

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from hpc_train.train.tensorboard_log import flat_hparams, scalar_tags
+from hpc_train.train.trackers.protocol import flat_params, scalar_tags
 from tests.runs import drive, events, local_run
 
 
@@ -20,11 +20,12 @@ def test_metrics_records_become_train_and_val_curves():
     assert scalar_tags(val) == {"val/loss": 0.3, "val/accuracy": 0.9}
 
 
-def test_spec_settings_become_flat_hparams():
-    spec = {"optim": {"base_lr": 0.4, "name": "sgd", "step_milestones": [30]},
+def test_spec_settings_become_flat_params():
+    spec = {"optim": {"base_lr": 0.4, "name": "sgd", "step_milestones": [30, 60]},
             "slurm": {"nodes": 2, "partition": None}, "log": {"tensorboard": True}}
-    assert flat_hparams(spec) == {"optim.base_lr": 0.4, "optim.name": "sgd", "slurm.nodes": 2,
-                                  "log.tensorboard": True}
+    assert flat_params(spec) == {"optim.base_lr": 0.4, "optim.name": "sgd",
+                                 "optim.step_milestones": "[30, 60]", "slurm.nodes": 2,
+                                 "log.tensorboard": True}
 
 
 def _points(directory, tag: str) -> list[int]:
