@@ -28,7 +28,9 @@ pytestmark = [pytest.mark.multinode, pytest.mark.slurm, pytest.mark.mpi, pytest.
 
 ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"}
 ACROSS = ["slurm.nodes=2", "slurm.tasks_per_node=1"]
-NO_RETRY = ["checkpoint.retries_on_failure=0", "launch.restarts_in_job=0", "launch.stall_seconds=15"]
+# stall_seconds: above the start-up of up to four of these jobs at once on the 8-node cluster
+# (8 ranks importing torch on 2 cores took over 15 s), below the freeze tests' patience.
+NO_RETRY = ["checkpoint.retries_on_failure=0", "launch.restarts_in_job=0", "launch.stall_seconds=45"]
 SMOKE = "jobs/smoke.yaml"
 PIPELINE = "jobs/transformer_pipeline_cpu.yaml"
 
@@ -188,7 +190,7 @@ def test_a_rank_freezing_on_the_second_node_is_named_and_torn_down(method, jobs,
     second = _two_nodes(job.paths, slurm_nodes)[1]
     assert stalled and [(r["rank"], r["host"]) for r in stalled[0]["ranks"]] == [(1, second)]
     finished = events(job.paths, "finished")[-1]
-    # The teardown reached the rank on the other node: well within the 15 s stall plus 30 s.
+    # The teardown reached the rank on the other node: within 30 s of the stall being named.
     assert finished["status"] == "failed" and finished["time"] - stalled[0]["time"] < 30, finished
     assert heartbeat_step(job.paths, 1) < 92
     out = cli("diagnose", str(job.paths.root), env=slurm_nodes.env)
