@@ -88,7 +88,7 @@ def _submit(args: argparse.Namespace) -> int:
         print("# dry run: nothing was submitted and no run directory was created", file=sys.stderr)
         return 0
     run = api.submit(args.file, args.overrides, local=args.local, snapshot=args.snapshot,
-                     ask_slurm=not args.no_slurm)
+                     ask_slurm=_ask_slurm(args))
     if run.executor == "local":
         reason = "--local" if args.local else "sbatch is not on PATH"
         print(f"note: {reason}: running the job on this machine with submitit's local executor",
