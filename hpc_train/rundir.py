@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import re
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
@@ -207,15 +208,19 @@ def fsync_path(path: Path) -> None:
         os.close(fd)
 
 
-def write_atomic(path: Path, data: bytes) -> None:
-    """Write `path` whole or not at all: a temporary file beside it, fsynced, renamed over it.
-    A reader (a workflow checking for the file) never sees half of it."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+def write_atomic(path: Path, data: bytes, durable: bool = True) -> None:
+    """Write `path` whole or not at all: a temporary file beside it, fsynced (unless not
+    `durable`: a beat lost in a crash is stale anyway), renamed over it. A reader never sees half
+    of it. The temporary name is this process's and thread's own: two writers sharing one (two
+    ranks of a node at a hand-over, a rank's loop and its heartbeat thread) would rename each
+    other's half-written file into place."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}-{threading.get_ident()}.tmp")
     try:
         with open(tmp, "wb") as f:
             f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
+            if durable:
+                f.flush()
+                os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)

@@ -39,7 +39,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Callable, Iterable
 
-from hpc_train.rundir import HEARTBEAT_GLOB, NODE_HEARTBEAT_GLOB
+from hpc_train.rundir import HEARTBEAT_GLOB, NODE_HEARTBEAT_GLOB, write_atomic
 
 STACK_DUMP_HEADER = "hpc_train watchdog: no progress"
 
@@ -183,11 +183,9 @@ class Heartbeat:
         return record
 
     def write(self) -> None:
-        tmp = self.path.with_name(f".{self.path.name}.tmp")
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            tmp.write_text(json.dumps(self.record()))
-            os.replace(tmp, self.path)
+            write_atomic(self.path, json.dumps(self.record()).encode(), durable=False)
         except OSError:
             pass     # a full disk must not kill the rank; the watchdog then sees no beat
 

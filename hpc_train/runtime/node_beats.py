@@ -24,12 +24,12 @@ their writer.
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from hpc_train.rundir import write_atomic
 from hpc_train.runtime.heartbeat import silent_after
 from hpc_train.runtime.node_local import NodeLocal
 from hpc_train.runtime.node_log import GatherState, gather
@@ -60,14 +60,6 @@ def read_local_beats(local: NodeLocal) -> dict[int, dict]:
         except (OSError, ValueError, KeyError, TypeError):
             continue
     return beats
-
-
-def write_whole(path: Path, text: str) -> None:
-    """Write by a temporary file renamed over `path` (one file's worth of metadata on a shared
-    file system; no fsync: a beat lost in a crash is stale anyway)."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 @dataclass
@@ -141,6 +133,10 @@ class NodeWriter:
             state.write(self.local.state)      # (a gather that appended wrote it)
 
     def _write_beats(self, beats: dict[int, dict], now: float) -> None:
+        """The node's file, whole; never none: a tick that read the node-local directory just
+        after the node's last rank removed it must not empty the final file."""
+        if not beats:
+            return
         record = node_record(self.host, self.rank, now, [beats[r] for r in sorted(beats)])
         self.beats_file.parent.mkdir(parents=True, exist_ok=True)
-        write_whole(self.beats_file, json.dumps(record))
+        write_atomic(self.beats_file, json.dumps(record).encode(), durable=False)

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 
+from hpc_train.rundir import write_atomic
 from hpc_train.runtime.node_local import NodeLocal
 
 PER_NODE_ABOVE = 64            # log.rank_logs: auto -> per_node for more ranks than this
@@ -102,11 +103,9 @@ class GatherState:
             return cls()
 
     def write(self, path: Path) -> None:
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({"offsets": self.offsets, "pending": self.pending,
-                                   "beats_written": self.beats_written,
-                                   "final_closed": self.final_closed}))
-        os.replace(tmp, path)
+        write_atomic(path, json.dumps({"offsets": self.offsets, "pending": self.pending,
+                                       "beats_written": self.beats_written,
+                                       "final_closed": self.final_closed}).encode(), durable=False)
 
 
 def settle(state: GatherState, target: Path) -> None:

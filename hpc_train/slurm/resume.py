@@ -93,6 +93,11 @@ def refuse_if_active(paths: RunPaths) -> None:
         raise SubmitError(f"cannot tell whether job {job_id} of {paths.root} is still in the queue "
                           "(squeue did not answer); resume refused so that two jobs never train "
                           "one run. Fix: retry when Slurm answers")
+    if jobs and jobs[0].state is scheduler.JobState.COMPLETING:
+        # Ending, but its processes may still write (a checkpoint, the events) for KillWait.
+        raise SubmitError(f"job {job_id} of {paths.root} is COMPLETING: its processes are still "
+                          "ending. Resume refused (two jobs would write one run). Fix: resume once "
+                          f"it has left the queue (`squeue -j {job_id}`), seconds from now")
     if jobs and (jobs[0].state.active or jobs[0].state is scheduler.JobState.UNKNOWN):
         raise SubmitError(f"job {job_id} of {paths.root} is {jobs[0].label}: it will continue the run "
                           f"itself. Resume refused (two jobs would write one run). Fix: wait for "

@@ -11,7 +11,9 @@ crops and flips, two data workers per rank, persistent workers):
 - a rank that freezes on every run ends FAILED after its retries, never TIMEOUT;
 - a refused `scontrol requeue` ends the job FAILED with scontrol's words;
 - `resume` of a running run is refused and leaves one job in the queue;
-- a cancelled job is never recorded as requeued.
+- a cancelled job is never recorded as requeued;
+- a run tracked by W&B (offline) and MLflow (file store), requeued by USR2, then killed outright
+  and resumed with `Run.resume()`, has one curve in each, every step once, under one tracker run.
 
 All jobs are submitted at once by a module fixture; the single node runs two at a time. The
 turnaround of each stop (signal to training again) is printed (pytest -s) for the notes.
@@ -19,6 +21,7 @@ turnaround of each stop (signal to training again) is printed (pytest -s) for th
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -31,7 +34,7 @@ import pytest
 
 from hpc_train.rundir import RunPaths
 from tests.conftest import heavy_requested
-from tests.runs import (rank_beat, assert_same_training, cli, describe_failure, events, logged_step,
+from tests.runs import (await_beat, assert_same_training, cli, describe_failure, events, logged_step,
                         metrics_after, submit, wait_for)
 
 pytestmark = [pytest.mark.slurm, pytest.mark.mpi, pytest.mark.horovod, pytest.mark.slow]
@@ -47,6 +50,7 @@ ZERO_LONG, ZERO_STEPS, ZERO_STOPS = ["optim.epochs=3"], 192, (8, 70, 140)
 WATCH = ["log.every_steps=1"]
 FREEZE = ["launch.stall_seconds=40", "checkpoint.every_steps=10", "launch.restarts_in_job=0",
           "checkpoint.retries_on_failure=1", *WATCH]     # the requeue path (restarts: test_restart_e2e)
+TRACKED = [*WATCH, "log.trackers=[wandb, mlflow]", "checkpoint.every_steps=10"]
 FAKE_SCONTROL = """#!/bin/sh
 if [ "$1" = requeue ]; then echo "scontrol: error: requeue refused by the test's stand-in" >&2; exit 1; fi
 exec {real} "$@"
@@ -86,6 +90,7 @@ def jobs(slurm_cluster, tmp_path_factory, request):
         "frozen-once": (FREEZE, _freeze_one_rank),
         "no-requeue": ([*WATCH, f"slurm.setup=[export PATH={fake}:$PATH]"], _usr2_at_step_8),
         "cancelled": (WATCH, _cancel_at_step_6),
+        "tracked": (TRACKED, _requeue_then_kill),
         "frozen-always": ([*FREEZE, "launch.stall_seconds=20", "launch.env.HPC_TRAIN_FAULT=freeze:1:14"], None),
         "straight-horovod": (WATCH, None),
         "straight-ddp": (["parallel.backend=ddp", *WATCH], None),
@@ -137,7 +142,7 @@ def _freeze_one_rank(job_id: str, paths: RunPaths) -> dict:
     seen = {"resume": cli("resume", str(paths.root)),
             "queued": subprocess.run(["squeue", "-h", "-n", "frozen-once", "-o", "%i"], capture_output=True,
                                      text=True, timeout=20).stdout.split()}
-    seen["beat"] = rank_beat(paths, 1)
+    seen["beat"] = await_beat(paths, 1)
     seen["frozen_at"] = time.time()
     os.kill(seen["beat"]["pid"], signal.SIGSTOP)
 
@@ -164,6 +169,30 @@ def _cancel_at_step_6(job_id: str, paths: RunPaths) -> float:
     wait_for(lambda: logged_step(paths) >= 6, 600, "step 6")
     subprocess.run(["scancel", job_id], check=True, timeout=30)
     return time.time()
+
+
+def _requeue_then_kill(job_id: str, paths: RunPaths) -> dict:
+    """USR2 at step 12 (the driver saves there and requeues); then, in the requeued run, past
+    the checkpoint of step 40, SIGKILL to every process of the job: nothing saved, so the resume
+    trains again the steps after 40 that the trackers had logged."""
+    wait_for(lambda: logged_step(paths) >= 12, 600, "step 12")
+    subprocess.run(["scancel", "--batch", "--signal=USR2", job_id], check=True, timeout=30)
+    resumed = wait_for(lambda: events(paths, "resumed"), 600, "the resume after USR2")[0]
+    wait_for(lambda: [e for e in events(paths, "checkpoint_saved") if e["step"] == 40]
+             and logged_step(paths, resumed["time"]) >= 46, 600, "step 46 after checkpoint 40")
+    _kill_outright(job_id)
+    return {"resumed_from": resumed["from_checkpoint"]}
+
+
+def _kill_outright(job_id: str) -> None:
+    """SIGKILL every process of the job at once, as a dead node or the OOM killer would end it
+    (scancel's signals reach the driver as a cancel, and it saves first)."""
+    out = subprocess.run(["scontrol", "listpids", job_id], capture_output=True, text=True, timeout=30,
+                         check=True).stdout
+    pids = [int(line.split()[0]) for line in out.splitlines()[1:] if line.split()[:1] != ["-1"]]
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
 
 
 def _ended(slurm_cluster, job: Job, timeout: float = 900) -> str:
@@ -262,3 +291,41 @@ def test_a_cancelled_job_is_not_recorded_as_requeued(jobs, slurm_cluster):
     assert not events(job.paths, "requeued"), events(job.paths, "requeued")
     # The driver may be killed before it writes; what it does write is the truth.
     assert [e["status"] for e in events(job.paths, "finished")] in ([], ["cancelled"])
+
+
+def test_a_tracked_run_requeued_then_killed_and_resumed_logs_each_step_once(jobs, slurm_cluster):
+    pytest.importorskip("wandb")
+    pytest.importorskip("mlflow")
+    import hpc_train
+    from hpc_train.runtime.tracker_state import wandb_run_id
+    from tests.trackers import mlflow_run, mlflow_steps, wandb_records, wandb_steps
+
+    job = jobs["tracked"]
+    seen, paths = job.observed(), job.paths
+    assert _ended(slurm_cluster, job) == "FAILED", describe_failure(paths)     # the batch shell killed
+    # Slurm may say so while the job is still COMPLETING in the queue: resume waits for it.
+    wait_for(lambda: not _queue_state(job.job_id), 120, f"job {job.job_id} to leave the queue")
+    seen["killed_after"] = logged_step(paths)       # the signal lands some steps after scancel
+    assert seen["killed_after"] > 40 and not events(paths, "finished")
+    resumed = hpc_train.open_run(paths.root).resume()
+    slurm_cluster.job_ids.append(resumed.job_id)
+    assert resumed.wait(timeout=900).state == "COMPLETED", describe_failure(paths)
+    first, second = [e["from_checkpoint"] for e in events(paths, "resumed")]
+    assert first == seen["resumed_from"] and 40 <= second < seen["killed_after"], (first, second, seen)
+    print(f"[trackers] killed after step {seen['killed_after']}, resumed from {second}: "
+          f"{seen['killed_after'] - second}+ steps trained twice, logged once")
+
+    # metrics.jsonl has the redone steps twice; each tracker, once.
+    steps = list(range(1, TOTAL_STEPS + 1))
+    evaluated = sorted({m["step"] for m in resumed.metrics() if m.get("split") == "val"})
+    assert len(evaluated) == 2 and evaluated[-1] == TOTAL_STEPS, evaluated        # once an epoch
+    assert mlflow_steps(paths, "train/loss") == steps
+    assert mlflow_steps(paths, "val/accuracy") == evaluated
+    run = mlflow_run(paths)
+    assert run.info.status == "FINISHED" and run.data.params["log.every_steps"] == "1"
+    assert run.data.tags["final_checkpoint"].endswith(f"step-{TOTAL_STEPS:08d}")
+    records = wandb_records(paths)
+    assert len(list(paths.wandb.glob("offline-run-*"))) == 3           # one per segment
+    assert {r["run"]["run_id"] for r in records if r["type"] == "run"} == {wandb_run_id(paths.root)}
+    assert wandb_steps(records, "train/loss") == steps
+    assert wandb_steps(records, "val/accuracy") == evaluated

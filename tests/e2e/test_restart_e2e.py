@@ -22,7 +22,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import pytest
 
 from hpc_train import run_state
-from tests.runs import (rank_beat, assert_same_training, describe_failure, events, logged_step, metrics_after,
+from tests.runs import (await_beat, assert_same_training, describe_failure, events, logged_step, metrics_after,
                         submit, wait_for)
 
 pytestmark = [pytest.mark.slurm, pytest.mark.mpi, pytest.mark.horovod, pytest.mark.slow]
@@ -38,8 +38,9 @@ def _kill_rank_1(job_id: str, paths) -> dict:
     (as the kernel's OOM killer would); returns when, and when training went on again."""
     wait_for(lambda: [e for e in events(paths, "checkpoint_saved") if e["step"] == 50]
              and logged_step(paths) >= KILL_AT, 600, f"step {KILL_AT} of {paths.root.name}")
+    pid = await_beat(paths, 1)["pid"]
     killed = time.time()
-    os.kill(rank_beat(paths, 1)["pid"], signal.SIGKILL)
+    os.kill(pid, signal.SIGKILL)
     resumed = wait_for(lambda: [e for e in events(paths, "resumed") if e["time"] > killed], 600,
                        "the resume")[0]
     again = wait_for(lambda: next((m["time"] for m in metrics_after(paths, resumed["time"])), None),

@@ -15,7 +15,7 @@ import pytest
 
 from hpc_train import run_state
 from tests.conftest import REPO
-from tests.runs import (rank_beat, describe_failure, drive, events, heartbeat_step, local_run, metrics_after,
+from tests.runs import (await_beat, describe_failure, drive, events, heartbeat_step, local_run, metrics_after,
                         wait_for)
 
 pytestmark = [pytest.mark.mpi, pytest.mark.horovod, pytest.mark.slow]
@@ -36,11 +36,14 @@ def _driver(paths) -> subprocess.Popen:
 
 
 def test_a_killed_rank_is_restarted_in_the_job_from_the_last_checkpoint(tmp_path):
-    paths = local_run(tmp_path, *SMALL)
+    # Rank 1's beat reaches the run directory with its node writer's next write, up to a beat
+    # interval (2 s here) after its start: 24 epochs leave steps to train after the kill.
+    paths = local_run(tmp_path, *SMALL, "optim.epochs=24", "launch.stall_seconds=20")
     driver = _driver(paths)
     wait_for(lambda: driver.poll() is not None or heartbeat_step(paths, 1) >= 10, 300, "step 10")
+    pid = await_beat(paths, 1)["pid"]
     killed = time.time()
-    os.kill(rank_beat(paths, 1)["pid"], signal.SIGKILL)
+    os.kill(pid, signal.SIGKILL)
     assert driver.wait(timeout=300) == 0, describe_failure(paths)
     [restarted] = events(paths, "restarted")
     again = min(m["time"] for m in metrics_after(paths, restarted["time"]))

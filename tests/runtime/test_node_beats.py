@@ -163,3 +163,52 @@ def test_a_start_removes_killed_jobs_leftovers_an_hour_old_and_nothing_else(tmp_
     os.utime(other, (now - 7200, now - 7200))
     assert sweep_stale(tmp_path, keep=mine.root, now=now) == [old.root]
     assert mine.root.is_dir() and live.root.is_dir() and other.is_dir() and not old.root.exists()
+
+
+def test_writers_racing_on_one_file_never_leave_it_half_written(tmp_path):
+    """A rank's loop and its heartbeat thread write its beat, and two ranks of a node can write
+    the node's file at a hand-over: each through its own temporary file, so a reader sees one
+    whole record or the other (with one shared temporary name, one writer renamed the other's
+    half-written file into place)."""
+    import threading
+
+    from hpc_train.rundir import write_atomic
+
+    path = tmp_path / "node-n1.json"
+    write_atomic(path, b"{}", durable=False)
+    records = [json.dumps({"writer": w, "beats": [{"rank": r, "pad": "x" * 200} for r in range(64)]})
+               for w in range(2)]
+    stop, bad = threading.Event(), []
+
+    def write(text: str) -> None:
+        for _ in range(300):
+            write_atomic(path, text.encode(), durable=False)
+
+    def read() -> None:
+        while not stop.is_set():
+            text = path.read_text()
+            if text not in (records[0], records[1], "{}"):
+                bad.append(len(text))
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    writers = [threading.Thread(target=write, args=(r,)) for r in records]
+    for t in writers:
+        t.start()
+    for t in writers:
+        t.join()
+    stop.set()
+    reader.join()
+    assert not bad, f"{len(bad)} reads of a half-written file, e.g. {bad[:5]} bytes"
+    assert not list(tmp_path.glob(".*.tmp")), "temporary files left"
+
+
+def test_a_write_after_the_node_dir_is_gone_leaves_the_final_file(tmp_path):
+    clock = Clock()
+    paths, local, node = make_node(tmp_path, "n1", [0, 1], clock)
+    beat_round(node, [0, 1], clock)
+    node[0][1].close()
+    assert node[1][1].close() is True and not local.root.exists()
+    final = paths.node_heartbeat("n1").read_text()
+    node[1][1]._write_beats({}, clock.now + 1)     # a tick that found the lock held, then nothing
+    assert paths.node_heartbeat("n1").read_text() == final

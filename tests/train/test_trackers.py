@@ -3,10 +3,7 @@ restarts with each step logged once, read back with the trackers' own readers.""
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
 
 import pytest
 
@@ -15,6 +12,7 @@ from hpc_train.runtime import tracker_state
 from hpc_train.runtime.tracker_state import Tracker, TrackerRun, should_log, wandb_run_id
 from hpc_train.spec.schema import LogSpec
 from tests.runs import drive, events, local_run
+from tests.trackers import mlflow_run, mlflow_steps, wandb_records, wandb_steps
 
 
 def test_a_resumed_segment_logs_only_steps_past_the_last_logged_one_per_split():
@@ -47,30 +45,6 @@ def test_log_tensorboard_is_the_default_of_log_trackers():
         == (Tracker.MLFLOW, Tracker.WANDB)
 
 
-def _mlflow_steps(paths, key: str) -> list[int]:
-    from mlflow.tracking import MlflowClient
-
-    run_id = json.loads(paths.trackers.read_text())["mlflow"]["run_id"]
-    client = MlflowClient(f"file:{paths.mlruns}")
-    return [m.step for m in sorted(client.get_metric_history(run_id, key),
-                                   key=lambda m: m.timestamp)]
-
-
-def _wandb_records(paths) -> list[dict]:
-    """Every record of every segment's offline run, in order, read by wandb's own reader."""
-    records = []
-    for path in sorted(paths.wandb.glob("offline-run-*/run-*.wandb")):
-        out = subprocess.run([sys.executable, "-m", "wandb", "leet", "inspect", "--json", str(path)],
-                             capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
-        records += [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
-    return records
-
-
-def _wandb_steps(records, key: str) -> list[int]:
-    return [r["history"]["step"]["num"] for r in records
-            if r["type"] == "history" and key in r["history"]["item"]]
-
-
 @pytest.mark.mpi
 @pytest.mark.horovod
 @pytest.mark.slow
@@ -81,23 +55,19 @@ def test_a_restarted_run_continues_its_tracker_runs_with_each_step_once(tmp_path
     # from step 10 and trains steps 11-15 again, which the trackers had logged.
     paths = local_run(tmp_path, "optim.epochs=1", "log.every_steps=1", "checkpoint.every_steps=10",
                       "launch.restarts_in_job=0", "log.trackers=[wandb, mlflow]")
-    env = {**os.environ, "MLFLOW_ALLOW_FILE_STORE": "true"}
-    assert drive(paths, env={**env, "HPC_TRAIN_FAULT": "raise:0:15"}, timeout=240) == 1
-    assert drive(paths, env=env, timeout=240) == 0
+    assert drive(paths, env={**os.environ, "HPC_TRAIN_FAULT": "raise:0:15"}, timeout=240) == 1
+    assert drive(paths, timeout=240) == 0
     assert events(paths, "resumed")[0]["from_checkpoint"] == 10
     total = events(paths, "rank_finished")[0]["step"]
     steps = list(range(1, total + 1))
-    assert _mlflow_steps(paths, "train/loss") == steps
-    assert _mlflow_steps(paths, "val/accuracy") == [total]
-    records = _wandb_records(paths)
+    assert mlflow_steps(paths, "train/loss") == steps
+    assert mlflow_steps(paths, "val/accuracy") == [total]
+    records = wandb_records(paths)
     assert len(list(paths.wandb.glob("offline-run-*"))) == 2
     assert {r["run"]["run_id"] for r in records if r["type"] == "run"} == {wandb_run_id(paths.root)}
-    assert _wandb_steps(records, "train/loss") == steps
-    assert _wandb_steps(records, "val/accuracy") == [total]
-    from mlflow.tracking import MlflowClient
-
-    run = MlflowClient(f"file:{paths.mlruns}").get_run(
-        json.loads(paths.trackers.read_text())["mlflow"]["run_id"])
+    assert wandb_steps(records, "train/loss") == steps
+    assert wandb_steps(records, "val/accuracy") == [total]
+    run = mlflow_run(paths)
     assert run.data.params["log.every_steps"] == "1"
     assert run.data.tags["final_checkpoint"].endswith(f"step-{total:08d}")
 
@@ -112,3 +82,33 @@ def test_status_shows_the_wandb_sync_command_of_an_offline_run(tmp_path):
     assert mlflow.run_id == "m1" and f"file:{paths.root}/mlruns" in mlflow.command
     online = tracker_views({**log, "wandb": {"mode": "online"}}, paths, {})[0]
     assert online.command is None
+
+
+def test_a_store_that_lost_records_gets_them_replayed_up_to_the_resume_point():
+    from hpc_train.train.trackers.tracker_set import replay_records
+
+    records = [{"step": s, "loss": float(s)} for s in range(1, 31)]
+    records.insert(20, {"step": 20, "split": "val", "accuracy": 0.5})
+    records += [{"step": s, "loss": -float(s)} for s in range(21, 26)]      # trained again after a resume
+    # The store held train steps to 12 and no val; this segment starts at step 26.
+    run = TrackerRun("w1", {"train": 12})
+    replayed = replay_records(records, run, first_step=26)
+    assert [(r.get("split", "train"), r["step"]) for r in replayed] == \
+        [*[("train", s) for s in range(13, 20)], ("train", 20), ("val", 20),
+         *[("train", s) for s in range(21, 26)]]
+    assert [r["loss"] for r in replayed if r["step"] in (21, 25) and "loss" in r] == [-21.0, -25.0]
+    assert replay_records(records, TrackerRun("w1", {"train": 30, "val": 20}), 26) == []
+
+
+def test_the_wandb_reader_takes_the_last_step_of_each_split_and_skips_what_it_cannot_parse():
+    from hpc_train.train.trackers.protocol import last_steps
+    from hpc_train.train.trackers.wandb_tracker import history_steps
+
+    lines = ['{"num":1,"type":"header","header":{}}',
+             '{"type":"history","history":{"item":{"_step":4,"train/loss":0.3},"step":{"num":4}}}',
+             '{"type":"history","history":{"item":{"val/accuracy":0.8},"step":{"num":4}}}',
+             '{"type":"history","history":{"item":{"train/loss":0.2,"train/lr":0.1},"step":{"num":5}}}',
+             '{"type":"history","history":{"item":{"train/loss"', "\xff not json"]
+    steps = history_steps(lines)
+    assert steps == {"train/loss": 5, "train/lr": 5, "val/accuracy": 4}
+    assert last_steps(steps) == {"train": 5, "val": 4}

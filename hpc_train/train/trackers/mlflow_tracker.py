@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from hpc_train.runtime.tracker_state import TrackerRun
-from hpc_train.train.trackers.protocol import Opened, Param, TrackerContext
+from hpc_train.train.trackers.protocol import Opened, Param, TrackerContext, last_steps
 
 log = logging.getLogger("hpc_train.trackers")
 
@@ -57,6 +57,14 @@ class MlflowTracker:
         """Nothing to flush: every call above is written when it returns."""
 
 
+def stored_steps(client, run_id: str) -> dict[str, int]:
+    """The last step of each split that the store holds for the run (a tracking server that
+    lost a killed segment's last calls holds fewer than trackers.json says)."""
+    keys = client.get_run(run_id).data.metrics
+    return last_steps({key: max((m.step for m in client.get_metric_history(run_id, key)), default=-1)
+                       for key in keys})
+
+
 def _experiment_id(client, name: str) -> str:
     """The experiment's id, made if new (another run making it at the same time is fine)."""
     found = client.get_experiment_by_name(name)
@@ -82,8 +90,15 @@ def open_mlflow(context: TrackerContext) -> Opened | None:
         os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
     client = MlflowClient(uri)
     if context.stored is not None:
-        client.update_run(context.stored.run_id, status="RUNNING")
-        return Opened(MlflowTracker(client, context.stored.run_id), context.stored, is_new=False)
+        run_id = context.stored.run_id
+        client.update_run(run_id, status="RUNNING")
+        try:
+            held = stored_steps(client, run_id)
+        except Exception as exc:     # noqa: BLE001 -- MLflow's stores raise anything
+            log.warning("log.trackers mlflow: run %s's steps not read back (%s); trusting "
+                        "trackers.json", run_id, exc)
+            held = None
+        return Opened(MlflowTracker(client, run_id), context.stored, is_new=False, held=held)
     experiment = _experiment_id(client, spec.log.mlflow.experiment or spec.run.name)
     run = client.create_run(experiment, run_name=paths.root.name,
                             tags={"hpc_train.run_dir": str(paths.root)})

@@ -54,10 +54,14 @@ class TrackerContext:
 class Opened:
     """A tracker opened for this segment. run: its id and logged steps, kept in trackers.json
     (None for a tracker that keeps no state: TensorBoard). is_new: a new tracker run, which
-    gets the spec as parameters."""
+    gets the spec as parameters. held: the last step of each split that the tracker's own store
+    holds, read back at the open (None: it cannot tell, and trackers.json is trusted). A killed
+    segment's trackers may have lost records they had taken (W&B buffers its offline file for
+    up to 15 s), so what the store holds, not what was sent, says where to go on."""
     tracker: MetricsTracker
     run: TrackerRun | None
     is_new: bool
+    held: dict[str, int] | None = None
 
 
 def scalar_tags(record: Mapping) -> dict[str, float]:
@@ -66,6 +70,20 @@ def scalar_tags(record: Mapping) -> dict[str, float]:
     return {f"{prefix}/{name}": float(value) for name, value in record.items()
             if name not in _NOT_SCALARS and isinstance(value, (int, float))
             and not isinstance(value, bool)}
+
+
+def split_of_key(key: str) -> str:
+    """The split of a tracker's key: "val/accuracy" -> "val" (scalar_tags' inverse)."""
+    return key.split("/", 1)[0]
+
+
+def last_steps(steps_by_key: Mapping[str, int]) -> dict[str, int]:
+    """{key: its last step} -> {split: its last step} (pure)."""
+    last: dict[str, int] = {}
+    for key, step in steps_by_key.items():
+        split = split_of_key(key)
+        last[split] = max(step, last.get(split, step))
+    return last
 
 
 def split_of(record: Mapping) -> str:

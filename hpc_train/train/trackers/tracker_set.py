@@ -4,13 +4,20 @@ A tracker that fails (a missing package, a full disk, a server that does not ans
 once in rank 0's log and dropped for the rest of the segment: it costs its curves, never the
 training. After each record, the trackers' logged steps are written to trackers.json, so the
 next segment logs each step once (runtime/tracker_state.py).
+
+A tracker that can read back what its store holds (Opened.held) is believed over trackers.json:
+the steps a killed segment sent but the store lost, up to where this segment starts, are
+replayed from metrics.jsonl (`replay_records`), and the segment goes on from there.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import replace
 from pathlib import Path
+
+from hpc_train.rundir import read_jsonl
 
 from hpc_train.runtime import tracker_state
 from hpc_train.runtime.tracker_state import Tracker, TrackerRun, should_log
@@ -44,6 +51,7 @@ class TrackerSet:
                 trackers.opened[kind] = opened
                 if opened.run is not None:
                     trackers.kept[kind] = opened.run
+        trackers._go_on_from_what_stores_hold(first_step)
         trackers._save()        # a new run's id, before anything is logged to it
         params = flat_params(spec_dict)
         for kind, opened in list(trackers.opened.items()):
@@ -67,6 +75,30 @@ class TrackerSet:
                 logged = True
         if logged:
             self._save()
+
+    def _go_on_from_what_stores_hold(self, first_step: int) -> None:
+        """Each tracker that read back its store goes on from there: what it lost before
+        `first_step` is replayed from metrics.jsonl (read once, only when needed)."""
+        records = None
+        for kind, opened in list(self.opened.items()):
+            if opened.held is None or opened.run is None:
+                continue
+            opened.run = self.kept[kind] = replace(opened.run, logged=dict(opened.held))
+            records = read_jsonl(self.paths.metrics) if records is None else records
+            self._replay(kind, replay_records(records, opened.run, first_step))
+
+    def _replay(self, kind: Tracker, records: list[Mapping]) -> None:
+        """Log to one tracker what its store lost (replay_records), in order."""
+        for record in records:
+            step, split = record["step"], split_of(record)
+            if not self._call(kind, "replay metrics", lambda t: t.log_metrics(
+                    step, scalar_tags(record), record.get("time"))):
+                return
+            opened = self.opened[kind]
+            opened.run = self.kept[kind] = opened.run.with_logged(split, step)
+        if records:
+            log.info("log.trackers %s: replayed %d records its store had lost (steps %d-%d)", kind,
+                     len(records), records[0]["step"], records[-1]["step"])
 
     def final_checkpoint(self, path: Path) -> None:
         for kind in list(self.opened):
@@ -103,3 +135,15 @@ class TrackerSet:
         except OSError as exc:
             log.warning("log.trackers: %s not written (%s); a resume may log steps again",
                         self.paths.trackers, exc)
+
+
+def replay_records(records: Iterable[Mapping], run: TrackerRun, first_step: int) -> list[Mapping]:
+    """The metrics.jsonl records a tracker's store lacks that this segment will not train
+    again: steps before `first_step` past the store's last step of their split; of a step
+    recorded twice (trained again after an earlier resume), the later record (pure)."""
+    latest: dict[tuple[str, int], Mapping] = {}
+    for record in records:
+        step = record.get("step")
+        if isinstance(step, int) and step < first_step and should_log(run, split_of(record), step):
+            latest[(split_of(record), step)] = record
+    return [latest[key] for key in sorted(latest, key=lambda k: (k[1], k[0] != "train", k[0]))]

@@ -6,18 +6,29 @@ writes wandb/offline-run-<time>-<id>/, all with the run directory's one run id
 from the login node uploads them in order as one run (`status` prints the command). Online,
 `resume="allow"` continues the same run. Steps already logged are not logged again (W&B drops
 a step lower than its run's current one).
+
+wandb buffers its offline file (x_transaction_log_flush_interval, 15 s): a segment killed
+outright (SIGKILL, a dead node) loses what it had not flushed. So a new offline segment reads
+back, with wandb's own reader (`wandb leet inspect --json`), the steps its earlier segments'
+files hold (`offline_steps`); the steps missing from them are replayed from metrics.jsonl
+(tracker_set.py).
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import subprocess
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 
 from hpc_train.runtime.tracker_state import TrackerRun, wandb_run_id
-from hpc_train.train.trackers.protocol import Opened, Param, TrackerContext
+from hpc_train.train.trackers.protocol import Opened, Param, TrackerContext, last_steps
 
 log = logging.getLogger("hpc_train.trackers")
+
+READ_SECONDS = 120.0     # the bound on reading back one segment's offline file
 
 
 class WandbTracker:
@@ -49,6 +60,7 @@ def open_wandb(context: TrackerContext) -> Opened | None:
     spec, paths = context.spec, context.paths
     settings = spec.log.wandb
     run_id = context.stored.run_id if context.stored else wandb_run_id(paths.root)
+    held = offline_steps(paths.wandb, run_id) if context.stored and settings.mode == "offline" else None
     paths.wandb.mkdir(exist_ok=True)
     # console off: the rank's own log already has its output; wandb's capture would wrap it.
     run = wandb.init(id=run_id, resume="allow", mode=settings.mode, dir=str(paths.root),
@@ -56,4 +68,48 @@ def open_wandb(context: TrackerContext) -> Opened | None:
                      name=settings.name or paths.root.name,
                      settings=wandb.Settings(console="off", silent=True))
     stored = context.stored or TrackerRun(run_id)
-    return Opened(WandbTracker(run), stored, is_new=context.stored is None)
+    return Opened(WandbTracker(run), stored, is_new=context.stored is None, held=held)
+
+
+def history_steps(lines: list[str]) -> dict[str, int]:
+    """`wandb leet inspect --json` lines -> {key: its last step} of the history records (pure;
+    W&B's own keys, "_step" and the like, left out)."""
+    steps: dict[str, int] = {}
+    for line in lines:
+        try:
+            record = json.loads(line)
+            history = record["history"] if record.get("type") == "history" else None
+            if history is None:
+                continue
+            step = int(history["step"]["num"])
+            for key in history.get("item", {}):
+                if not key.startswith("_"):
+                    steps[key] = max(step, steps.get(key, step))
+        except (ValueError, KeyError, TypeError, AttributeError):
+            continue
+    return steps
+
+
+def offline_steps(wandb_dir: Path, run_id: str) -> dict[str, int] | None:
+    """The last step of each split that this run's offline segments hold in their files; None
+    when a file cannot be read (then trackers.json is trusted)."""
+    steps: dict[str, int] = {}
+    for path in sorted(wandb_dir.glob(f"offline-run-*-{run_id}/run-{run_id}.wandb")):
+        try:
+            out = subprocess.run([sys.executable, "-m", "wandb", "leet", "inspect", "--json", str(path)],
+                                 capture_output=True, text=True, timeout=READ_SECONDS,
+                                 stdin=subprocess.DEVNULL)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            log.warning("log.trackers wandb: %s not read back (%s); trusting trackers.json", path, exc)
+            return None
+        found = history_steps(out.stdout.splitlines())
+        if out.returncode != 0:
+            # A torn tail (killed mid-flush): what came before it is still the file's.
+            log.warning("log.trackers wandb: %s read back %s (%s)", path,
+                        "in part" if found else "not at all; trusting trackers.json",
+                        out.stderr.strip()[-300:])
+            if not found:
+                return None
+        for key, step in found.items():
+            steps[key] = max(step, steps.get(key, step))
+    return last_steps(steps)
