@@ -70,16 +70,15 @@ class Jobs:
             signal.signal(signal.SIGTERM, self._previous_term)
 
     def submit(self, name: str, overrides: list[str]) -> Run:
-        """A new run named `name` under the bench's root, as `python -m hpc_train submit` makes it."""
-        from hpc_train.slurm.submit import submit
-        from hpc_train.spec import validate_spec_file
-        from hpc_train.spec.paths import resolve_paths
+        """A new run named `name` under the bench's root, through the API `submit` uses (the
+        same checks before the queue, the same run directory)."""
+        from hpc_train import api
 
-        spec, _ = validate_spec_file(self.spec_file, [f"run.root={self.root}", f"run.name={name}",
-                                                      *overrides])
-        result = submit(resolve_paths(spec), use_slurm=True)
-        self.job_ids.append(result.job_id)
-        return Run(result.job_id, RunPaths(result.run_dir))
+        if not scheduler.installed():      # else the API would run it here (the local executor)
+            raise LaunchError("bench scale needs Slurm: sbatch is not on PATH")
+        run = api.submit(self.spec_file, [f"run.root={self.root}", f"run.name={name}", *overrides])
+        self.job_ids.append(run.job_id)
+        return Run(run.job_id, RunPaths(run.path))
 
     def adopt_from(self, text: str) -> None:
         """Remember the job ids that a command's output names ("job 123 ...")."""

@@ -103,24 +103,40 @@ def _memory_mb(mem: str | None) -> int | None:
     return None if not value else value // 2**20
 
 
-def gather_facts(spec: JobSpec, ask_slurm: bool = True) -> Facts:
-    """The facts this machine can see: the manifest (when data.path is visible here) and the
-    partition's nodes (when `ask_slurm` and sinfo answers within SINFO_TIMEOUT)."""
-    samples, manifest = _train_samples(spec)
-    nodes, partitions, notes = None, (), []
+@dataclass(frozen=True)
+class SlurmFacts:
+    """What sinfo said of every partition's nodes (None: not asked, or no answer: `notes`)."""
+    nodes: tuple[NodeShape, ...] | None = None
+    notes: tuple[str, ...] = ()
+
+
+def ask_slurm_nodes(ask_slurm: bool = True) -> SlurmFacts:
+    """Every node sinfo lists, when `ask_slurm` and Slurm answers within SINFO_TIMEOUT (asked
+    once for a workflow's many specs)."""
+    if not ask_slurm:
+        return SlurmFacts()
     # sinfo waits for a controller that does not answer (9 s here) or retries a missing
     # configuration for a minute; scontrol ping says so at once.
-    if ask_slurm and (down := scheduler.controller_problem(timeout=SINFO_TIMEOUT)):
-        notes.append(f"nodes and per-node resources not checked against Slurm: {down}")
-    elif ask_slurm:
-        found, why = scheduler.node_shapes(timeout=SINFO_TIMEOUT)
-        if why or not found:
-            notes.append(f"nodes and per-node resources not checked against Slurm: {why or 'sinfo lists no nodes'}")
-        else:
-            chosen = spec.slurm.partition
-            nodes = tuple(n for n in found if (n.partition == chosen if chosen else n.default))
-            partitions = tuple(dict.fromkeys(n.partition for n in found))
-    return Facts(samples, manifest, spec.slurm.partition, nodes, partitions, tuple(notes))
+    if down := scheduler.controller_problem(timeout=SINFO_TIMEOUT):
+        return SlurmFacts(None, (f"nodes and per-node resources not checked against Slurm: {down}",))
+    found, why = scheduler.node_shapes(timeout=SINFO_TIMEOUT)
+    if why or not found:
+        return SlurmFacts(None, ("nodes and per-node resources not checked against Slurm: "
+                                 f"{why or 'sinfo lists no nodes'}",))
+    return SlurmFacts(tuple(found))
+
+
+def gather_facts(spec: JobSpec, ask_slurm: bool | SlurmFacts = True) -> Facts:
+    """The facts this machine can see: the manifest (when data.path is visible here) and the
+    partition's nodes (asked of Slurm when `ask_slurm`, or those already asked)."""
+    samples, manifest = _train_samples(spec)
+    slurm = ask_slurm if isinstance(ask_slurm, SlurmFacts) else ask_slurm_nodes(ask_slurm)
+    nodes, partitions = None, ()
+    if slurm.nodes is not None:
+        chosen = spec.slurm.partition
+        nodes = tuple(n for n in slurm.nodes if (n.partition == chosen if chosen else n.default))
+        partitions = tuple(dict.fromkeys(n.partition for n in slurm.nodes))
+    return Facts(samples, manifest, spec.slurm.partition, nodes, partitions, slurm.notes)
 
 
 def _train_samples(spec: JobSpec) -> tuple[int | None, str | None]:

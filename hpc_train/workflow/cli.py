@@ -19,7 +19,7 @@ def _jobs(done, name: str) -> str:
 def _validate(args: argparse.Namespace) -> int:
     from hpc_train.workflow.run import check, job_summary
 
-    plan = check(args.file, args.overrides)
+    plan = check(args.file, args.overrides, ask_slurm=_ask_slurm(args))
     print_warnings(plan.warnings)
     print(f"{args.file}: OK ({len(plan.order)} stages)")
     for name in plan.order:
@@ -32,7 +32,7 @@ def _run(args: argparse.Namespace) -> int:
     from hpc_train.workflow.run import check, dry_run_text, run
 
     if args.dry_run:
-        plan = check(args.file, args.overrides, args.root)
+        plan = check(args.file, args.overrides, args.root, ask_slurm=_ask_slurm(args))
         print_warnings(plan.warnings)
         print(dry_run_text(plan))
         print("# dry run: nothing was submitted and no directory was created", file=sys.stderr)
@@ -42,7 +42,8 @@ def _run(args: argparse.Namespace) -> int:
     elif not scheduler.installed():
         print("note: sbatch is not on PATH: running the stages here, one after another "
               "(the local executor)", file=sys.stderr)
-    started = run(args.file, args.overrides, args.root, use_slurm=False if args.local else None)
+    started = run(args.file, args.overrides, args.root, use_slurm=False if args.local else None,
+                  ask_slurm=_ask_slurm(args))
     print_warnings(started.plan.warnings)
     print(f"workflow dir: {started.paths.root}")
     for name in started.plan.order:
@@ -104,6 +105,14 @@ def _overrides(p: argparse.ArgumentParser) -> None:
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="STAGE.KEY=VALUE",
                    help="override a stage's key; for a train stage also a job spec key, e.g. "
                    "train.optim.epochs=1 (value read as YAML; repeatable)")
+    p.add_argument("--no-slurm", action="store_true",
+                   help="do not ask sinfo whether each train stage's nodes and per-node resources "
+                   "fit its partition (a file for another cluster)")
+
+
+def _ask_slurm(args: argparse.Namespace) -> bool | None:
+    """None: ask where sbatch is (workflow/run.py: check)."""
+    return False if args.no_slurm or getattr(args, "local", False) else None
 
 
 def register(commands: argparse._SubParsersAction) -> None:

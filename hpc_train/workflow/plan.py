@@ -16,6 +16,7 @@ from pathlib import Path
 from hpc_train.rundir import RunPaths
 from hpc_train.slurm.array import member_dir, new_prefix
 from hpc_train.spec import JobSpec, Problem, Resources, SpecInvalid, validate_spec_file
+from hpc_train.spec.capacity import SlurmFacts, capacity_problems, gather_facts
 from hpc_train.spec.overrides import FROM_SET, under
 from hpc_train.spec.paths import resolve_paths
 from hpc_train.workflow import graph, refs
@@ -96,8 +97,9 @@ class RecordedDirs:
 
 
 def make_plan(workflow: Workflow, paths: WorkflowPaths, dirs, cwd: Path | None = None,
-              python: str = sys.executable) -> Plan:
-    """Raises SpecInvalid with every problem of every train stage's job spec."""
+              python: str = sys.executable, slurm: SlurmFacts = SlurmFacts()) -> Plan:
+    """Raises SpecInvalid with every problem of every train stage's job spec, and of what each
+    needs against the data it sees and the nodes `slurm` lists (spec/capacity.py)."""
     cwd = Path(cwd or Path.cwd())
     needs = {name: s.needs for name, s in workflow.stages.items()}
     plan = Plan(workflow, paths, needs, graph.order(needs), {}, cwd, list(workflow.warnings))
@@ -107,7 +109,7 @@ def make_plan(workflow: Workflow, paths: WorkflowPaths, dirs, cwd: Path | None =
     for name in plan.order:
         if any(ref not in known for ref in _references(workflow.stages[name])):
             continue                   # a stage before it could not be planned: reported there
-        planner = _Planner(workflow, paths, name, known, cwd, python, dirs, problems, plan.warnings)
+        planner = _Planner(workflow, paths, name, known, cwd, python, dirs, problems, plan.warnings, slurm)
         stage_plan = PLAN_OF_KIND[workflow.stages[name].kind](planner)
         if stage_plan is None:
             continue
@@ -129,6 +131,7 @@ class _Planner:
     dirs: PlannedDirs | NewDirs | RecordedDirs
     problems: list[Problem]           # a train stage's job spec problems, of every stage
     warnings: list[Problem]
+    slurm: SlurmFacts                 # the nodes the capacity check holds the specs against
 
     @property
     def stage(self):
@@ -237,7 +240,13 @@ class _Planner:
                                          index if s.sweep else None) for p in exc.problems]
                 continue
             self.warnings += [_rekey(p, self.name, s.spec, set(s.set), own, None) for p in found]
-            specs[index], values[index] = resolve_paths(spec, self.cwd), own
+            spec = resolve_paths(spec, self.cwd)
+            unfit = capacity_problems(spec, gather_facts(spec, self.slurm))
+            if unfit:
+                self.problems += [_rekey(p, self.name, s.spec, set(s.set), own,
+                                         index if s.sweep else None) for p in unfit]
+                continue
+            specs[index], values[index] = spec, own
         if len(specs) < len(member_values):
             return None
         if s.sweep:

@@ -15,6 +15,7 @@ from pathlib import Path
 from hpc_train import scheduler
 from hpc_train.slurm.array import planned_array_script
 from hpc_train.slurm.submit import planned_script
+from hpc_train.spec.capacity import ask_slurm_nodes
 from hpc_train.workflow import events, local, resolved
 from hpc_train.workflow.load import load_workflow
 from hpc_train.workflow.paths import WorkflowPaths
@@ -34,13 +35,15 @@ class Started:
 
 
 def check(file: str, overrides: list[str], root: str | None = None,
-          python: str = sys.executable) -> Plan:
-    """The planned workflow (placeholder directories); SpecInvalid lists every problem."""
+          python: str = sys.executable, ask_slurm: bool | None = None) -> Plan:
+    """The planned workflow (placeholder directories); SpecInvalid lists every problem. The
+    train stages' nodes are held against sinfo's when `ask_slurm` (None: where sbatch is)."""
     workflow = load_workflow(file, overrides)
     if root:
         workflow = dataclasses.replace(workflow, root=root)
+    slurm = ask_slurm_nodes(scheduler.installed() if ask_slurm is None else ask_slurm)
     return make_plan(workflow, WorkflowPaths.planned(workflow.root, workflow.name), PlannedDirs(),
-                     python=python)
+                     python=python, slurm=slurm)
 
 
 def job_summary(plan: Plan, name: str) -> list[str]:
@@ -78,9 +81,11 @@ def dry_run_text(plan: Plan) -> str:
 
 
 def run(file: str, overrides: list[str], root: str | None = None, use_slurm: bool | None = None,
-        python: str = sys.executable) -> Started:
-    planned = check(file, overrides, root, python)          # every problem before anything exists
+        python: str = sys.executable, ask_slurm: bool | None = None) -> Started:
+    """ask_slurm: hold the train stages against sinfo's nodes (None: when submitting to Slurm)."""
     use_slurm = scheduler.installed() if use_slurm is None else use_slurm
+    ask_slurm = use_slurm if ask_slurm is None else ask_slurm
+    planned = check(file, overrides, root, python, ask_slurm)   # every problem before anything exists
     executor = "slurm" if use_slurm else "local"
     workflow = planned.workflow
     paths = WorkflowPaths.new(workflow.root, workflow.name)

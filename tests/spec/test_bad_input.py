@@ -147,3 +147,23 @@ def test_validate_says_what_it_could_not_ask_a_dead_controller(tmp_path):
               env={**os.environ, "SLURM_CONF": str(dead)}, timeout=60)
     assert out.returncode == 0 and time.monotonic() - started < 10, out.stderr
     assert "note: nodes and per-node resources not checked against Slurm" in out.stderr
+
+
+@pytest.mark.slurm
+@pytest.mark.parametrize("bad, key, words", [
+    ({"set": {"slurm.nodes": 100000}}, "stages.train.set.slurm.nodes", ("100,000", "partition")),
+    ({"sweep": {"grid": {"data.batch_size": [32, 10**12]}}}, "stages.train.sweep member 1: data.batch_size",
+     ("training split",)),
+])
+def test_workflow_validate_and_run_refuse_a_stage_that_cannot_run_here(slurm_cluster, tmp_path, bad, key, words):
+    """A train stage (or one sweep member) held against the same rules as `submit`'s spec, named
+    where the workflow file wrote the value; nothing created, nothing submitted."""
+    workflow = {"name": "unfit", "root": str(tmp_path / "runs"), "stages": {
+        "train": {"kind": "train", "spec": "jobs/smoke.yaml", **bad}}}
+    path = tmp_path / "wf.yaml"
+    path.write_text(yaml.safe_dump(workflow))
+    for command in ("validate", "run"):
+        started = time.monotonic()
+        out = cli("workflow", command, str(path), timeout=60)
+        _one_line_exit_2(out, started, key, *words)
+    assert not (tmp_path / "runs").exists()

@@ -168,9 +168,10 @@ def test_the_cli_exits_2_and_neither_creates_nor_submits(tmp_path):
 def test_the_shipped_workflows_are_valid(monkeypatch):
     monkeypatch.chdir(REPO)
     for name in ("smoke", "sweep", "imagenet"):
-        plan = check(f"workflows/{name}.yaml", [])
+        # imagenet's GPU nodes are another cluster's: not held against this one's sinfo.
+        plan = check(f"workflows/{name}.yaml", [], ask_slurm=False if name == "imagenet" else None)
         assert plan.order[0] in ("shard_train", "train") and plan.warnings == []   # today's key names
-    imagenet = check("workflows/imagenet.yaml", [])
+    imagenet = check("workflows/imagenet.yaml", [], ask_slurm=False)
     assert imagenet.order == ["shard_train", "shard_val", "train", "evaluate", "export"]
     assert imagenet.stages["shard_train"].jobs[0].tasks == 32
     spec = imagenet.stages["train"].train.specs[0]
