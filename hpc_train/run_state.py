@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Callable
 
 from hpc_train import events
-from hpc_train.rundir import RunPaths, write_atomic
+from hpc_train.rundir import RunPaths, parse_json, write_atomic
 
 log = logging.getLogger("hpc_train.run_state")
 
@@ -99,7 +99,7 @@ def from_events(history: list[dict]) -> RunState:
 def _load(paths: RunPaths) -> tuple[RunState, dict]:
     """(the state, the file's JSON: {} when the state came from the events)."""
     try:
-        raw = json.loads(paths.run_state.read_text())
+        raw = parse_json(paths.run_state.read_text())
         return parse(raw), raw
     except FileNotFoundError:
         pass

@@ -259,6 +259,16 @@ def _undo_append(fd: int, before: int, length: int) -> None:
             os.ftruncate(fd, before)
 
 
+def parse_json(text: str):
+    """json.loads, with JSON nested past Python's recursion limit raised as the ValueError that
+    any other damage is (a run file's readers catch ValueError; a RecursionError would be a
+    traceback)."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise ValueError("JSON nested deeper than Python reads") from None
+
+
 def read_jsonl(path: Path) -> list[dict]:
     """Every line that is a JSON object. A damaged file (a torn last line from a killed writer,
     bytes that are not UTF-8 after a node crash) is read as far as it can be: bytes that do not
@@ -268,6 +278,11 @@ def read_jsonl(path: Path) -> list[dict]:
         data = path.read_bytes()
     except FileNotFoundError:
         return []
+    except OSError as exc:          # a directory in its place, no permission, an I/O error
+        if (str(path), -1) not in _DAMAGE_SAID:
+            _DAMAGE_SAID.add((str(path), -1))
+            log.warning("%s cannot be read (%s); read as empty", path, exc.strerror or exc)
+        return []
     records, replaced, skipped = [], 0, 0
     for raw in data.splitlines():
         try:
@@ -275,8 +290,8 @@ def read_jsonl(path: Path) -> list[dict]:
         except UnicodeDecodeError:
             line, replaced = raw.decode(errors="replace"), replaced + 1
         try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
+            record = parse_json(line)
+        except ValueError:
             record = None
         if isinstance(record, dict):
             records.append(record)

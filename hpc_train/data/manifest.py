@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 
 from hpc_train.errors import DataError
+from hpc_train.rundir import parse_json
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
@@ -38,7 +39,7 @@ def sha256_file(path: Path) -> str:
 def read_sidecar(path: Path) -> dict | None:
     """The sidecar at path, or None when it is absent or half-written (treated as not done)."""
     try:
-        data = json.loads(path.read_text())
+        data = parse_json(path.read_text())
     except (OSError, ValueError):
         return None
     if not isinstance(data, dict) or any(k not in data for k in ENTRY_KEYS):
@@ -86,7 +87,7 @@ def train_class_names(shard_root) -> list[str] | None:
     """The class names of the train split under `shard_root`; None when its manifest cannot be
     read from here."""
     try:
-        return list(json.loads((Path(shard_root) / "train" / MANIFEST).read_text())["class_names"])
+        return list(parse_json((Path(shard_root) / "train" / MANIFEST).read_text())["class_names"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
 

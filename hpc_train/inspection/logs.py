@@ -59,12 +59,9 @@ def rank_logs(paths: RunPaths) -> dict[int, RankLog]:
     """Every rank with lines in the run directory, rank files and node logs alike."""
     own: dict[int, list[Path]] = {}
     nodes: dict[int, list[Path]] = {}
-    if paths.logs.is_dir():
-        for path in paths.logs.iterdir():
-            if match := RANK_LOG.fullmatch(path.name):
-                own.setdefault(int(match.group(1)), []).append(path)
     for path in _log_files(paths):
-        if not NODE_LOG.fullmatch(path.name):
+        if match := RANK_LOG.fullmatch(path.name):
+            own.setdefault(int(match.group(1)), []).append(path)
             continue
         for rank in _node_ranks(path, _version(path)):
             nodes.setdefault(rank, []).append(path)
@@ -185,7 +182,9 @@ def follow(paths: RunPaths, ranks: list[int] | None, pattern: str | None, prefix
 def _log_files(paths: RunPaths) -> list[Path]:
     if not paths.logs.is_dir():
         return []
-    return sorted(p for p in paths.logs.iterdir() if RANK_LOG.fullmatch(p.name) or NODE_LOG.fullmatch(p.name))
+    # Files only: anything else of the name (a directory after a damaged copy) is no log.
+    return sorted(p for p in paths.logs.iterdir()
+                  if (RANK_LOG.fullmatch(p.name) or NODE_LOG.fullmatch(p.name)) and p.is_file())
 
 
 def _stream_lines(path: Path, texts: list[str]) -> Iterator[Line]:

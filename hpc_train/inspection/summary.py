@@ -193,10 +193,14 @@ def latest_checkpoint(paths: RunPaths) -> tuple[int, float] | None:
 
 
 def read_spec(paths: RunPaths) -> dict | None:
+    """The run's spec.yaml as plain data, read with the spec loader's bounds (no aliases that
+    expand past its limit, no nesting past its depth); None when missing or damaged."""
     import yaml
 
+    from hpc_train.spec.yaml_io import parse_yaml
+
     try:
-        loaded = yaml.safe_load(paths.spec.read_text())
+        loaded = parse_yaml(paths.spec.read_text())
     except FileNotFoundError:
         return None
     except (OSError, ValueError, yaml.YAMLError) as exc:    # ValueError: bytes that are not UTF-8

@@ -39,7 +39,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Callable, Iterable
 
-from hpc_train.rundir import HEARTBEAT_GLOB, NODE_HEARTBEAT_GLOB, write_atomic
+from hpc_train.rundir import HEARTBEAT_GLOB, NODE_HEARTBEAT_GLOB, parse_json, write_atomic
 
 STACK_DUMP_HEADER = "hpc_train watchdog: no progress"
 
@@ -250,7 +250,7 @@ class Beat:
 def parse_beat(text: str) -> Beat | None:
     """A rank's heartbeat file's text -> Beat; None for anything else (a partial or foreign file)."""
     try:
-        return parse_record(json.loads(text))
+        return parse_record(parse_json(text))
     except ValueError:
         return None
 
@@ -289,7 +289,7 @@ def read_beats(directory: Path, since: float = 0.0) -> dict[int, Beat]:
 
 def _node_records(text: str) -> list:
     try:
-        record = json.loads(text)
+        record = parse_json(text)
     except ValueError:
         return []
     beats = record.get("beats") if isinstance(record, dict) else None

@@ -29,7 +29,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hpc_train.rundir import write_atomic
+from hpc_train.rundir import parse_json, write_atomic
 from hpc_train.runtime.heartbeat import silent_after
 from hpc_train.runtime.node_local import NodeLocal
 from hpc_train.runtime.node_log import GatherState, gather
@@ -55,7 +55,7 @@ def read_local_beats(local: NodeLocal) -> dict[int, dict]:
     beats = {}
     for path in local.beat_files():
         try:
-            record = json.loads(path.read_text())
+            record = parse_json(path.read_text())
             beats[int(record["rank"])] = record
         except (OSError, ValueError, KeyError, TypeError):
             continue

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, replace
 from enum import Enum
 from pathlib import Path
 
-from hpc_train.rundir import RunPaths, write_atomic
+from hpc_train.rundir import RunPaths, parse_json, write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +88,7 @@ def read(paths: RunPaths) -> dict[Tracker, TrackerRun]:
     """The run's tracker runs; a missing file is none yet, a damaged one is said and read as
     none (its trackers then start new runs: better than no curves)."""
     try:
-        return parse(json.loads(paths.trackers.read_bytes().decode(errors="replace")))
+        return parse(parse_json(paths.trackers.read_bytes().decode(errors="replace")))
     except FileNotFoundError:
         return {}
     except (OSError, ValueError) as exc:

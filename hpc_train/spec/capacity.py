@@ -13,13 +13,13 @@ Slurm answers (bounded; what could not be asked is a note, never an error).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from hpc_train import scheduler
 from hpc_train.data.manifest import token_windows
+from hpc_train.rundir import parse_json
 from hpc_train.scheduler.accounting import parse_memory
 from hpc_train.scheduler.parse import NodeShape
 from hpc_train.spec.problems import Problem, SpecInvalid
@@ -145,7 +145,7 @@ def _train_samples(spec: JobSpec) -> tuple[int | None, str | None]:
         return None, None
     path = Path(spec.data.path) / "train" / "manifest.json"
     try:
-        manifest = json.loads(path.read_text())
+        manifest = parse_json(path.read_text())
     except (OSError, ValueError):
         return None, None      # not visible here: the submission warns about that already
     if isinstance(manifest.get("num_samples"), int):

@@ -34,10 +34,17 @@ _FLOAT = re.compile(r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+][0-9]+)?
 
 
 MAX_VALUES = 10_000  # values after aliases are expanded; a real spec has a few hundred
+MAX_DEPTH = 64       # values inside values; a real spec nests 3 or 4 deep
+MAX_BYTES = 1 << 20  # a spec file; a real one is a few KB (a 50 MB one took 12 s to refuse)
 
 
 class AliasBomb(yaml.composer.ComposerError):
     """Aliases that expand past MAX_VALUES values, or refer to themselves."""
+
+
+class TooDeep(yaml.composer.ComposerError):
+    """Values nested past MAX_DEPTH (PyYAML composes recursively: deeper, and Python's
+    recursion limit would end it with a traceback)."""
 
 
 class NumberTooLong(yaml.constructor.ConstructorError):
@@ -80,6 +87,18 @@ class SpecLoader(yaml.SafeLoader):
         except ValueError:     # Python refuses to read ints of more than 4,300 digits
             raise NumberTooLong(None, None, f"a number of {len(node.value):,} digits",
                                 node.start_mark) from None
+
+    _depth = 0
+
+    def compose_node(self, parent, index):
+        if self._depth >= MAX_DEPTH:
+            raise TooDeep(None, None, f"values nested more than {MAX_DEPTH} deep",
+                          self.peek_event().start_mark)
+        self._depth += 1
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
 
     def get_single_node(self):
         node = super().get_single_node()
@@ -134,6 +153,11 @@ def read_spec_file(path: str | Path) -> tuple[dict | None, list[Problem]]:
     if not source.is_file():
         return None, [Problem(name, None, "not a file", "give the path of a .yaml spec file")]
     try:
+        size = source.stat().st_size
+        if size > MAX_BYTES:
+            return None, [Problem(name, f"{size:,} bytes", f"a spec file is at most {MAX_BYTES:,} "
+                                  "bytes (a real one is a few KB)", "give the spec file itself, "
+                                  "not data or a log")]
         text = source.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         return None, [Problem(name, None, f"cannot read the file ({exc})",
@@ -160,6 +184,9 @@ def _yaml_problem(name: str, exc: yaml.YAMLError) -> Problem:
     if isinstance(exc, AliasBomb):
         return Problem(name, None, f"YAML aliases: {detail}", f"write the values out, or use "
                        f"fewer and smaller aliases (a spec holds at most {MAX_VALUES:,} values)")
+    if isinstance(exc, TooDeep):
+        return Problem(name, None, f"{detail}: no spec nests that deep",
+                       "check the brackets and the indentation there")
     if isinstance(exc, NumberTooLong):
         return Problem(name, None, f"{detail}: more than any spec value can be",
                        "write the number you mean (counts, sizes and seeds have a few digits)")

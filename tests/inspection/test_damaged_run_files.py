@@ -20,6 +20,9 @@ DAMAGES = {
     "cut-in-half": lambda data: data[:len(data) // 2],
     "garbage": lambda data: bytes(range(256)) * 8,
     "empty": lambda data: b"",
+    # JSON (or YAML) nested past Python's recursion limit: its parsers raise RecursionError.
+    "nested-deep": lambda data: b"[" * 100_000 + b"]" * 100_000,
+    "a-nested-deep-line": lambda data: data + b"\n" + b"[" * 100_000 + b"]" * 100_000 + b"\n",
 }
 COMMANDS = (["status", "--no-slurm"], ["status", "--json", "--no-slurm"], ["diagnose"],
             ["report", "--no-slurm", "--no-plot"], ["logs", "--all-ranks"])
@@ -71,6 +74,18 @@ def test_every_reader_survives_every_damaged_file(pristine, tmp_path, damage, ca
             out = capsys.readouterr()
             assert code in (0, 1, 2, 7), (name, command, code, out.err[-2000:])
             assert "Traceback" not in out.err + out.out, (name, command)
+
+
+def test_a_directory_in_place_of_a_run_file_is_read_as_missing(pristine, tmp_path, capsys):
+    for name in _files(pristine):
+        run = tmp_path / name.replace("/", "_")
+        shutil.copytree(pristine, run)
+        (run / name).unlink()
+        (run / name).mkdir()
+        for command in COMMANDS:
+            code = main([command[0], str(run), *command[1:]])   # raises on a traceback
+            out = capsys.readouterr()
+            assert code in (0, 1, 2, 7), (name, command, code, out.err[-2000:])
 
 
 def test_a_jsonl_file_with_bytes_that_are_not_utf8_is_read_and_the_damage_said(tmp_path, caplog):

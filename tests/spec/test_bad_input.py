@@ -167,3 +167,19 @@ def test_workflow_validate_and_run_refuse_a_stage_that_cannot_run_here(slurm_clu
         out = cli("workflow", command, str(path), timeout=60)
         _one_line_exit_2(out, started, key, *words)
     assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("text, words", [
+    ("run: " + "[" * 20_000 + "]" * 20_000 + "\n", ("nested more than", "deep")),
+    ("".join(" " * i + f"k{i}:\n" for i in range(1_000)), ("nested more than", "deep")),
+    ("run:\n  name: " + "x" * 2_000_000 + "\n", ("bytes", "at most 1,048,576")),
+])
+def test_a_spec_nested_too_deep_or_too_big_is_one_line_at_once(tmp_path, text, words):
+    """PyYAML composes recursively (deeper than Python's limit: a traceback) and reads a file
+    whole (50 MB took 12 s to refuse): both are bounded before that."""
+    spec = tmp_path / "odd.yaml"
+    spec.write_text(text)
+    for command in ("validate", "submit"):
+        started = time.monotonic()
+        _one_line_exit_2(cli(command, str(spec), "--no-slurm", timeout=60), started, *words)
+    assert not (tmp_path / "runs").exists()
