@@ -18,7 +18,6 @@ from dataclasses import replace
 from pathlib import Path
 
 from hpc_train.rundir import read_jsonl
-
 from hpc_train.runtime import tracker_state
 from hpc_train.runtime.tracker_state import Tracker, TrackerRun, should_log
 from hpc_train.train.trackers.mlflow_tracker import open_mlflow

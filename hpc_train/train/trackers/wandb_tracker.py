@@ -16,13 +16,13 @@ files hold (`offline_steps`); the steps missing from them are replayed from metr
 
 from __future__ import annotations
 
-import json
 import logging
 import subprocess
 import sys
 from collections.abc import Mapping
 from pathlib import Path
 
+from hpc_train.rundir import parse_json
 from hpc_train.runtime.tracker_state import TrackerRun, wandb_run_id
 from hpc_train.train.trackers.protocol import Opened, Param, TrackerContext, last_steps
 
@@ -77,7 +77,7 @@ def history_steps(lines: list[str]) -> dict[str, int]:
     steps: dict[str, int] = {}
     for line in lines:
         try:
-            record = json.loads(line)
+            record = parse_json(line)
             history = record["history"] if record.get("type") == "history" else None
             if history is None:
                 continue
