@@ -145,9 +145,11 @@ fi
 # The experiment trackers of log.trackers (extras `wandb`, `mlflow`: mlflow-skinny, whose file
 # store needs no database); checked with `pip install --dry-run` to change no installed package
 # (torch, numpy, protobuf). A failure is reported, not fatal: those trackers are then skipped.
+# The patch releases of the tested versions only: a segment's open reads W&B's offline files
+# back through `wandb leet inspect --json`, and MLflow 3.17 changed what its file store allows.
 if "$py" -c 'import wandb, mlflow' 2>/dev/null; then
     say "trackers: wandb $("$py" -c 'import wandb; print(wandb.__version__)'), mlflow already installed"
-elif pip install -q "wandb>=0.31" "mlflow-skinny>=3.17"; then
+elif pip install -q "wandb~=0.31.0" "mlflow-skinny~=3.17.2"; then
     say "trackers: wandb and mlflow-skinny installed (log.trackers: wandb, mlflow)"
 else
     say "trackers: wandb or mlflow did not install; log.trackers wandb and mlflow log nothing"
