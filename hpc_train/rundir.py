@@ -279,9 +279,7 @@ def read_jsonl(path: Path) -> list[dict]:
     except FileNotFoundError:
         return []
     except OSError as exc:          # a directory in its place, no permission, an I/O error
-        if (str(path), -1) not in _DAMAGE_SAID:
-            _DAMAGE_SAID.add((str(path), -1))
-            log.warning("%s cannot be read (%s); read as empty", path, exc.strerror or exc)
+        _say_once(path, -1, "%s cannot be read (%s); read as empty", path, exc.strerror or exc)
         return []
     records, replaced, skipped = [], 0, 0
     for raw in data.splitlines():
@@ -305,10 +303,15 @@ def read_jsonl(path: Path) -> list[dict]:
 _DAMAGE_SAID: set[tuple[str, int]] = set()   # (path, size): said once per process and size
 
 
-def _say_damage(path: Path, size: int, replaced: int, skipped: int) -> None:
+def _say_once(path: Path, size: int, message: str, *args) -> None:
+    """A warning about `path` at this size (-1: unreadable), once per process."""
     if (str(path), size) in _DAMAGE_SAID:
         return
     _DAMAGE_SAID.add((str(path), size))
+    log.warning(message, *args)
+
+
+def _say_damage(path: Path, size: int, replaced: int, skipped: int) -> None:
     parts = ([f"{replaced} line(s) with bytes that are not UTF-8 (replaced)"] if replaced else []) + (
         [f"{skipped} line(s) that are not JSON records (skipped)"] if skipped else [])
-    log.warning("%s is damaged: %s; the rest is read", path, "; ".join(parts))
+    _say_once(path, size, "%s is damaged: %s; the rest is read", path, "; ".join(parts))

@@ -128,25 +128,25 @@ def rank_beat(paths: RunPaths, rank: int) -> dict:
     return dataclasses.asdict(read_beats(paths.heartbeat)[rank])
 
 
+def known_beat(paths: RunPaths, rank: int) -> dict | None:
+    """`rank_beat`, or None while the run directory has none: a rank that starts after its
+    node's writer wrote the node's file appears in it at the next write, an interval later."""
+    try:
+        return rank_beat(paths, rank)
+    except KeyError:
+        return None
+
+
 def await_beat(paths: RunPaths, rank: int, timeout: float = 60) -> dict:
-    """`rank_beat`, once the run directory has one: a rank that starts after its node's writer
-    wrote the node's file appears in it at the next write, an interval later."""
-    def found():
-        try:
-            return rank_beat(paths, rank)
-        except KeyError:
-            return None
-    return wait_for(found, timeout, f"rank {rank}'s beat in {paths.heartbeat}")
+    """`rank_beat`, once the run directory has one."""
+    return wait_for(lambda: known_beat(paths, rank), timeout, f"rank {rank}'s beat in {paths.heartbeat}")
 
 
 def heartbeat_step(paths: RunPaths, rank: int = 0) -> int:
     """How far the run is: the later of rank 0's last logged step and `rank`'s heartbeat (which
     a thread rewrites every few seconds, so it may lag a fast run); -1 before either exists."""
     logged = [m["step"] for m in read_jsonl(paths.metrics) if m.get("split") is None and "step" in m]
-    try:
-        beat = rank_beat(paths, rank)["step"]
-    except KeyError:
-        beat = -1
+    beat = (known_beat(paths, rank) or {"step": -1})["step"]
     return max([beat, *logged[-1:]])
 
 

@@ -126,11 +126,10 @@ def ask_slurm_nodes(ask_slurm: bool = True) -> SlurmFacts:
     return SlurmFacts(tuple(found))
 
 
-def gather_facts(spec: JobSpec, ask_slurm: bool | SlurmFacts = True) -> Facts:
-    """The facts this machine can see: the manifest (when data.path is visible here) and the
-    partition's nodes (asked of Slurm when `ask_slurm`, or those already asked)."""
+def gather_facts(spec: JobSpec, slurm: SlurmFacts) -> Facts:
+    """The facts this machine can see: the manifest (when data.path is visible here) and, of
+    what sinfo said (`ask_slurm_nodes`), the nodes of the spec's partition."""
     samples, manifest = _train_samples(spec)
-    slurm = ask_slurm if isinstance(ask_slurm, SlurmFacts) else ask_slurm_nodes(ask_slurm)
     nodes, partitions = None, ()
     if slurm.nodes is not None:
         chosen = spec.slurm.partition
@@ -161,7 +160,7 @@ def _train_samples(spec: JobSpec) -> tuple[int | None, str | None]:
 def check_capacity(spec: JobSpec, ask_slurm: bool = True) -> tuple[str, ...]:
     """Raise SpecInvalid (exit 2, one line each) when the job cannot fit; else the notes on
     what could not be checked."""
-    facts = gather_facts(spec, ask_slurm)
+    facts = gather_facts(spec, ask_slurm_nodes(ask_slurm))
     problems = capacity_problems(spec, facts)
     if problems:
         raise SpecInvalid(problems)

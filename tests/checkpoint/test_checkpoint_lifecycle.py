@@ -20,7 +20,7 @@ import pytest
 from hpc_train.checkpoint import layout
 from hpc_train.checkpoint.manager import remove_checkpoint
 from tests.conftest import IN_CI
-from tests.runs import cli, rank_beat, describe_failure, drive, events, local_run
+from tests.runs import cli, describe_failure, drive, events, known_beat, local_run
 
 EVERY_5 = ["checkpoint.every_steps=5", "log.every_steps=1", "optim.max_steps=20"]
 
@@ -128,13 +128,6 @@ def test_a_full_disk_during_a_save_keeps_the_previous_checkpoint(small_disk):
     assert out.returncode == 0 and "ENOSPC" in out.stdout, out.stdout
 
 
-def _beat(paths, rank: int) -> dict:
-    try:
-        return rank_beat(paths, rank)
-    except KeyError:
-        return {}
-
-
 @pytest.mark.mpi
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", [pytest.param("horovod", marks=pytest.mark.horovod), "fsdp"])
@@ -157,7 +150,7 @@ def test_sigkill_during_a_background_write_leaves_the_previous_checkpoint(backen
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline:
             written = {p.name for p in tmp.glob("rank-*.pt")} if tmp.is_dir() else set()
-            beat = _beat(paths, 0)
+            beat = known_beat(paths, 0) or {}
             # Both ranks' files are in the temporary directory and training is past step 20.
             if written == {"rank-00000.pt", "rank-00001.pt"} and beat.get("step", 0) > 21:
                 seen.update(step=beat["step"], written=sorted(written),

@@ -305,7 +305,7 @@ def test_a_tracked_run_requeued_then_killed_and_resumed_logs_each_step_once(jobs
     assert _ended(slurm_cluster, job) == "FAILED", describe_failure(paths)     # the batch shell killed
     # Slurm may say so while the job is still COMPLETING in the queue: resume waits for it.
     wait_for(lambda: not _queue_state(job.job_id), 120, f"job {job.job_id} to leave the queue")
-    seen["killed_after"] = logged_step(paths)       # the signal lands some steps after scancel
+    seen["killed_after"] = logged_step(paths)       # the kill lands some steps after step 46 was seen
     assert seen["killed_after"] > 40 and not events(paths, "finished")
     resumed = hpc_train.open_run(paths.root).resume()
     slurm_cluster.job_ids.append(resumed.job_id)

@@ -13,9 +13,8 @@ import pytest
 
 from hpc_train.checkpoint import layout
 from hpc_train.checkpoint.manager import CheckpointManager
-from hpc_train.runtime.heartbeat import read_beats
 from tests.conftest import REPO
-from tests.runs import rank_beat, drive, events, heartbeat_step, local_run
+from tests.runs import drive, events, heartbeat_step, known_beat, local_run
 
 SMALL = ["data.kind=synthetic", "data.train_samples=1024", "data.val_samples=0", "data.image_size=16",
          "data.workers=1", "log.every_steps=1", "launch.restarts_in_job=0"]   # failures end the run
@@ -88,9 +87,8 @@ def test_run_killed_while_saving_resumes_from_the_previous_checkpoint(tmp_path):
     while time.monotonic() < deadline and driver.poll() is None and killed_during is None:
         saving = [p for p in paths.checkpoints.glob(".step-*.tmp")]
         # The node's file gains a rank that started after its first write within an interval.
-        if saving and layout.list_complete(paths.checkpoints) and 0 in read_beats(paths.heartbeat):
-            pid = rank_beat(paths, 0)["pid"]
-            os.kill(pid, signal.SIGKILL)               # rank 0 is the one writing the shared state
+        if saving and layout.list_complete(paths.checkpoints) and (beat := known_beat(paths, 0)):
+            os.kill(beat["pid"], signal.SIGKILL)       # rank 0 is the one writing the shared state
             killed_during = saving[0].name
         time.sleep(0.002)
     driver.wait(timeout=120)

@@ -60,20 +60,27 @@ class TrackerSet:
 
     def write(self, record: Mapping) -> None:
         """One metrics.jsonl record to each tracker that has not logged its step yet."""
-        step, split, metrics = record["step"], split_of(record), scalar_tags(record)
-        logged = False
+        split, logged = split_of(record), False
         for kind, opened in list(self.opened.items()):
             run = opened.run
             if run is not None and not opened.tracker.rewrites_steps \
-                    and not should_log(run, split, step):
+                    and not should_log(run, split, record["step"]):
                 continue
-            if self._call(kind, "log metrics",
-                          lambda t: t.log_metrics(step, metrics, record.get("time"))) \
-                    and run is not None:
-                opened.run = self.kept[kind] = run.with_logged(split, step)
+            if self._log(kind, record, "log metrics") and run is not None:
                 logged = True
         if logged:
             self._save()
+
+    def _log(self, kind: Tracker, record: Mapping, what: str) -> bool:
+        """One record to one tracker, its logged step advanced; False when the tracker failed
+        (and was dropped)."""
+        step, split = record["step"], split_of(record)
+        if not self._call(kind, what, lambda t: t.log_metrics(step, scalar_tags(record), record.get("time"))):
+            return False
+        opened = self.opened[kind]
+        if opened.run is not None:
+            opened.run = self.kept[kind] = opened.run.with_logged(split, step)
+        return True
 
     def _go_on_from_what_stores_hold(self, first_step: int) -> None:
         """Each tracker that read back its store goes on from there: what it lost before
@@ -89,12 +96,8 @@ class TrackerSet:
     def _replay(self, kind: Tracker, records: list[Mapping]) -> None:
         """Log to one tracker what its store lost (replay_records), in order."""
         for record in records:
-            step, split = record["step"], split_of(record)
-            if not self._call(kind, "replay metrics", lambda t: t.log_metrics(
-                    step, scalar_tags(record), record.get("time"))):
+            if not self._log(kind, record, "replay metrics"):
                 return
-            opened = self.opened[kind]
-            opened.run = self.kept[kind] = opened.run.with_logged(split, step)
         if records:
             log.info("log.trackers %s: replayed %d records its store had lost (steps %d-%d)", kind,
                      len(records), records[0]["step"], records[-1]["step"])
