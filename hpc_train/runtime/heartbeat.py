@@ -132,6 +132,9 @@ class Heartbeat:
         self.host = host or socket.gethostname()
         self.after_beat = after_beat
         self.after_close: Callable[[], object] | None = None
+        # Called after this rank's stacks are dumped: the trainer's asks its data workers for
+        # theirs (a rank waiting for a batch is stuck where its worker is).
+        self.after_dump: Callable[[], object] | None = None
         self.interval = beat_interval(stall_seconds)
         self.step, self.phase = 0, Phase.STARTING
         self.progress_time = clock()
@@ -210,6 +213,8 @@ class Heartbeat:
         print(f"{STACK_DUMP_HEADER} for {idle:.0f} s on rank {self.rank} at step {self.step} "
               f"(phase {self.phase}); Python stacks of every thread follow", file=sys.stderr, flush=True)
         faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+        if self.after_dump is not None:
+            self.after_dump()
 
     def close(self) -> None:
         """Stop the thread; the last beat then says where the rank ended."""
@@ -306,6 +311,7 @@ class NoHeartbeat:
     """For code that trains outside a run (benchmarks, tests of one process)."""
 
     synced_seconds = 0.0
+    after_dump = None
 
     def progress(self, step: int | None = None, phase: Phase | None = None) -> None:
         pass

@@ -190,7 +190,10 @@ class DataSpec:
         "the rank normalises on its GPU; workers: float32 from the workers; auto: device when "
         "the rank trains on a GPU, workers on CPU (the numbers are the same either way)")
     start_method: Literal["fork", "forkserver", "spawn"] = spec_field(
-        "fork", doc="multiprocessing start method of the data workers")
+        "forkserver", doc="multiprocessing start method of the data workers. forkserver: they "
+        "fork from a clean process started before MPI, not from the rank with its MPI and "
+        "other threads (a lock one held at the fork would be held in the worker for ever); "
+        "fork: a few seconds sooner to the first batch, for jobs without MPI")
     train_samples: Optional[int] = spec_field(
         None, doc="synthetic: samples per epoch, all ranks together", ge=1, example=2048)
     val_samples: Optional[int] = spec_field(

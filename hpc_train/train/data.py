@@ -10,7 +10,8 @@ global torch RNG, which the checkpoint restores for the model (dropout) alone.
 from __future__ import annotations
 
 import dataclasses
-
+import faulthandler
+import os
 import signal
 from pathlib import Path
 
@@ -24,12 +25,53 @@ from hpc_train.errors import DataError
 VAL_FIRST_INDEX = 1 << 40
 
 
-def ignore_stop_signals(_worker_id: int) -> None:
+# Sent by the rank's heartbeat when it has waited too long (dump_worker_stacks): each worker then
+# writes its Python stacks to its stderr, the rank's log.
+DUMP_SIGNAL = signal.SIGUSR1
+# What the forkserver imports once: workers fork from it with torch and the datasets loaded.
+_SERVER_PRELOAD = ["hpc_train.train.data", "hpc_train.data.shard_dataset", "hpc_train.data.transforms",
+                   "hpc_train.data.synthetic", "hpc_train.data.tokens"]
+
+
+def init_worker(_worker_id: int) -> None:
     """DataLoader worker init: the rank decides when to stop. Slurm signals every process of a
     job (preemption, scancel), and a worker killed by that SIGTERM would crash its rank before
-    it saves; the rank shuts its workers down itself, and Slurm's final SIGKILL still applies."""
+    it saves; the rank shuts its workers down itself, and Slurm's final SIGKILL still applies.
+    DUMP_SIGNAL writes the worker's stacks: a hang in a worker is then seen where it is."""
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(signal.SIGUSR2, signal.SIG_IGN)
+    faulthandler.register(DUMP_SIGNAL, all_threads=True)
+
+
+def start_worker_server(spec) -> None:
+    """Start the forkserver that data.start_method forkserver forks the workers from, now.
+
+    Why forkserver: a rank is an MPI process with threads (Horovod's, MPI's and PMIx's progress
+    threads, the heartbeat); a worker forked from it inherits whatever lock one of them held at
+    that instant, held forever, and the memory hooks MPI installs (Horovod's own examples use
+    forkserver for this). The server is a fresh interpreter: started by the Trainer first, its
+    import of torch overlaps with the rank's own start-up. Once started, a no-op."""
+    if spec.data.workers and spec.data.start_method == "forkserver":
+        import multiprocessing.forkserver as forkserver
+
+        forkserver.set_forkserver_preload(_SERVER_PRELOAD)
+        forkserver.ensure_running()
+
+
+def worker_pids(*loaders) -> list[int]:
+    """The pids of the loaders' started workers. Read from the heartbeat's thread: no waiting."""
+    return [worker.pid for loader in loaders
+            for worker in getattr(getattr(loader, "_iterator", None), "_workers", ())
+            if worker.pid is not None]
+
+
+def dump_worker_stacks(pids: list[int]) -> None:
+    """Ask these workers to write their stacks to their stderr (DUMP_SIGNAL, see init_worker)."""
+    for pid in pids:
+        try:
+            os.kill(pid, DUMP_SIGNAL)
+        except ProcessLookupError:
+            pass
 
 
 def loader_generator(seed: int, rank: int) -> torch.Generator:
@@ -47,8 +89,9 @@ def loader_generator(seed: int, rank: int) -> torch.Generator:
 def _loader(dataset, sampler, spec, rank: int, pin: bool, drop_last: bool) -> DataLoader:
     data = spec.data
     workers = data.workers
+    start_worker_server(spec)     # started already by a rank (Trainer); a no-op then
     return DataLoader(dataset, batch_size=data.batch_size, sampler=sampler, drop_last=drop_last,
-                      num_workers=workers, pin_memory=pin, worker_init_fn=ignore_stop_signals,
+                      num_workers=workers, pin_memory=pin, worker_init_fn=init_worker,
                       multiprocessing_context=data.start_method if workers else None,
                       persistent_workers=workers > 0, generator=loader_generator(spec.run.seed, rank))
 
@@ -61,7 +104,7 @@ def validation_loader(dataset, spec, rank: int, size: int, pin: bool) -> DataLoa
 
 
 def shutdown_workers(loader: DataLoader | None) -> None:
-    """Stop a loader's persistent workers now. They ignore SIGTERM (ignore_stop_signals), so
+    """Stop a loader's persistent workers now. They ignore SIGTERM (init_worker), so
     Python's exit-time `terminate()` cannot end them: the loader must send its shutdown sentinel
     while the process still runs."""
     iterator = getattr(loader, "_iterator", None)   # persistent workers live here

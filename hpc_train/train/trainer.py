@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import sys
 import time
 
 import torch
@@ -39,7 +40,8 @@ from hpc_train.train.state import (CheckpointedState, ModelBuffers, ModelWeights
 from hpc_train.train.checkpointing import Checkpointing
 from hpc_train.train.fsdp_parts import FsdpParts
 from hpc_train.train.deepspeed_parts import DeepSpeedParts
-from hpc_train.train.data import DeviceInputs, build_loaders, normalizes_on_device, shutdown_workers
+from hpc_train.train.data import (DeviceInputs, build_loaders, dump_worker_stacks, normalizes_on_device,
+                                  shutdown_workers, start_worker_server, worker_pids)
 from hpc_train.train.evaluation import evaluate_classifier
 from hpc_train.train.meters import Window
 from hpc_train.train.optim import build_optimizer
@@ -151,6 +153,7 @@ class Trainer:
     def __init__(self, spec, paths: RunPaths, identity: RankInfo, stop: StopFlag | None = None,
                  heartbeat=None, data_root=None, clock=None, written=None):
         self.spec, self.paths, self.identity = spec, paths, identity
+        start_worker_server(spec)      # first: before the backend starts MPI and its threads
         self.heartbeat = heartbeat or NoHeartbeat()
         # Marks each step's parts: training's gives the heartbeat its medians (stragglers),
         # `bench train`'s breaks the steps down.
@@ -172,6 +175,7 @@ class Trainer:
         self.inputs = DeviceInputs(self.device, normalize=uint8)
         self.train_loader, self.val_loader = build_loaders(spec, *self.place.data_part, pin, uint8,
                                                            root=data_root)
+        self.heartbeat.after_dump = self._dump_worker_stacks
         self.sampler = self.train_loader.sampler
         self.epoch_samples = self.sampler.num_samples
         self.schedule = LrSchedule(
@@ -184,6 +188,13 @@ class Trainer:
         self.checkpoints = Checkpointing(self._checkpointed(), self.progress, written or spec,
                                          paths, identity, self.backend, self.heartbeat, stop)
         self.trackers: TrackerSet | None = None
+
+    def _dump_worker_stacks(self) -> None:
+        pids = worker_pids(self.train_loader, self.val_loader)
+        if pids:
+            print(f"hpc_train watchdog: data workers {', '.join(map(str, pids))} of rank "
+                  f"{self.identity.rank} write their stacks below", file=sys.stderr, flush=True)
+            dump_worker_stacks(pids)
 
     def _checkpointed(self) -> CheckpointedState:
         """The parts' components plus the loop's own: what a checkpoint saves, by name and file."""

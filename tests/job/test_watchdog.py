@@ -82,7 +82,10 @@ def test_process_state_of_this_process():
 @pytest.mark.slow
 def test_heartbeat_thread_writes_and_dumps_stacks_once_when_stuck(tmp_path, capfd):
     path = tmp_path / "rank-00003"
-    heartbeat = Heartbeat(path, 3, stall_seconds=5).start()     # writes every second
+    heartbeat = Heartbeat(path, 3, stall_seconds=5)
+    asked: list[float] = []
+    heartbeat.after_dump = lambda: asked.append(time.monotonic())   # the trainer's: its workers
+    heartbeat.start()                                                # writes every second
     try:
         heartbeat.progress(step=7, phase=Phase.TRAIN)
         dumped, deadline = "", time.monotonic() + 15
@@ -93,6 +96,7 @@ def test_heartbeat_thread_writes_and_dumps_stacks_once_when_stuck(tmp_path, capf
     finally:
         heartbeat.close()
     assert "on rank 3 at step 7 (phase train)" in dumped     # the phase's word, in the log
+    assert len(asked) == 1                                  # once per silence, as the dump
     assert (record["rank"], record["step"], record["phase"]) == (3, 7, "train")   # and on disk
     assert record["time"] >= record["progress"]
 

@@ -1,0 +1,95 @@
+"""A rank's data workers: forked from the forkserver (not from the MPI rank), and asked for their
+stacks when the rank's heartbeat finds it stuck (a rank waiting for a batch is stuck where its
+worker is)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import pytest
+from torch.utils.data import DataLoader, Dataset
+
+from hpc_train.spec import load_spec
+from hpc_train.train.data import (build_loaders, dump_worker_stacks, init_worker, shutdown_workers,
+                                  start_worker_server, worker_pids)
+from tests.conftest import REPO
+
+
+def _spec(*overrides: str):
+    return load_spec(REPO / "jobs/smoke.yaml", ["data.kind=synthetic", "data.train_samples=64",
+                                                "data.val_samples=16", *overrides])
+
+
+def _parent_of(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as stat:
+        return int(stat.read().rsplit(")", 1)[1].split()[1])
+
+
+def test_the_default_workers_fork_from_the_server_not_from_the_rank():
+    spec = _spec()
+    assert spec.data.start_method == "forkserver" and spec.data.workers == 2
+    start_worker_server(spec)
+    train, val = build_loaders(spec, 0, 1, pin=False)
+    try:
+        assert next(iter(train))[0].shape[0] == spec.data.batch_size
+        next(iter(val))
+        pids = worker_pids(train, val)
+        assert len(pids) == 4
+        parents = {_parent_of(pid) for pid in pids}
+        assert os.getpid() not in parents and len(parents) == 1      # one server for both
+    finally:
+        shutdown_workers(train)
+        shutdown_workers(val)
+
+
+class _StuckDataset(Dataset):
+    def __init__(self, entered):
+        self.entered = entered
+
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, index):
+        self.entered.touch()
+        stuck_reading_a_sample()
+        return index
+
+
+def stuck_reading_a_sample():
+    time.sleep(20)
+
+
+@pytest.mark.slow
+def test_a_stuck_worker_writes_its_stack_when_asked(tmp_path, capfd):
+    # fork: the worker writes to this process's stderr, which capfd reads.
+    entered = tmp_path / "entered"
+    loader = DataLoader(_StuckDataset(entered), batch_size=2, num_workers=1, worker_init_fn=init_worker,
+                        multiprocessing_context="fork", persistent_workers=True)
+    def fetch_one():
+        with pytest.raises(RuntimeError, match="exited unexpectedly"):   # the kill below
+            next(iter(loader))
+
+    fetch = threading.Thread(target=fetch_one, daemon=True)
+    fetch.start()
+    pids: list[int] = []
+    try:
+        deadline = time.monotonic() + 15
+        while not entered.exists() and time.monotonic() < deadline:   # past init_worker
+            time.sleep(0.1)
+        pids = worker_pids(loader)
+        assert entered.exists() and len(pids) == 1
+        dump_worker_stacks(pids)
+        written = ""
+        while "stuck_reading_a_sample" not in written and time.monotonic() < deadline:
+            time.sleep(0.2)
+            written += capfd.readouterr().err
+        assert "stuck_reading_a_sample" in written and "__getitem__" in written
+        os.kill(pids[0], 0)              # it wrote its stacks and goes on
+    finally:
+        for pid in pids:
+            os.kill(pid, signal.SIGKILL)
+        fetch.join(timeout=15)           # the loader sees its worker gone and raises there
+    dump_worker_stacks(pids)             # a worker that is gone: nothing to do, no error
