@@ -21,6 +21,7 @@ from torch.utils.data import DataLoader
 
 from hpc_train.data.sampler import ResumableBlockSampler, ValidationSampler
 from hpc_train.errors import DataError
+from hpc_train.runtime.parent_death import PARENT_ENV, die_with_parent, served_pid
 
 VAL_FIRST_INDEX = 1 << 40
 
@@ -28,8 +29,9 @@ VAL_FIRST_INDEX = 1 << 40
 # Sent by the rank's heartbeat when it has waited too long (dump_worker_stacks): each worker then
 # writes its Python stacks to its stderr, the rank's log.
 DUMP_SIGNAL = signal.SIGUSR1
-# What the forkserver imports once: workers fork from it with torch and the datasets loaded.
-_SERVER_PRELOAD = ["hpc_train.train.data", "hpc_train.data.shard_dataset", "hpc_train.data.transforms",
+# What the forkserver imports once: first the binding of its life to the rank's, then what lets
+# workers fork from it with torch and the datasets loaded.
+_SERVER_PRELOAD = ["hpc_train.runtime.forkserver_preload", "hpc_train.train.data", "hpc_train.data.shard_dataset", "hpc_train.data.transforms",
                    "hpc_train.data.synthetic", "hpc_train.data.tokens"]
 
 
@@ -37,10 +39,14 @@ def init_worker(_worker_id: int) -> None:
     """DataLoader worker init: the rank decides when to stop. Slurm signals every process of a
     job (preemption, scancel), and a worker killed by that SIGTERM would crash its rank before
     it saves; the rank shuts its workers down itself, and Slurm's final SIGKILL still applies.
-    DUMP_SIGNAL writes the worker's stacks: a hang in a worker is then seen where it is."""
+    DUMP_SIGNAL writes the worker's stacks: a hang in a worker is then seen where it is.
+    A forkserver's worker dies with the server, which dies with the rank (parent_death.py)."""
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(signal.SIGUSR2, signal.SIG_IGN)
     faulthandler.register(DUMP_SIGNAL, all_threads=True)
+    rank = served_pid()
+    if rank is not None and os.getppid() != rank:      # forked by the server, not by the rank
+        die_with_parent(rank)
 
 
 def start_worker_server(spec) -> None:
@@ -50,10 +56,12 @@ def start_worker_server(spec) -> None:
     threads, the heartbeat); a worker forked from it inherits whatever lock one of them held at
     that instant, held forever, and the memory hooks MPI installs (Horovod's own examples use
     forkserver for this). The server is a fresh interpreter: started by the Trainer first, its
-    import of torch overlaps with the rank's own start-up. Once started, a no-op."""
+    import of torch overlaps with the rank's own start-up. Once started, a no-op. Call it from
+    the main thread: the server dies with the thread that started it (parent_death.py)."""
     if spec.data.workers and spec.data.start_method == "forkserver":
         import multiprocessing.forkserver as forkserver
 
+        os.environ[PARENT_ENV] = str(os.getpid())
         forkserver.set_forkserver_preload(_SERVER_PRELOAD)
         forkserver.ensure_running()
 

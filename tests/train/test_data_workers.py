@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 
@@ -43,6 +45,47 @@ def test_the_default_workers_fork_from_the_server_not_from_the_rank():
     finally:
         shutdown_workers(train)
         shutdown_workers(val)
+
+
+_HOLDER = """
+import sys, time
+from hpc_train.spec import load_spec
+from hpc_train.train.data import build_loaders, start_worker_server, worker_pids
+spec = load_spec("jobs/smoke.yaml", ["data.kind=synthetic", "data.train_samples=64", "data.val_samples=16"])
+start_worker_server(spec)
+train, val = build_loaders(spec, 0, 1, pin=False)
+next(iter(train))
+print(" ".join(map(str, worker_pids(train))), flush=True)
+time.sleep(120)
+"""
+
+
+@pytest.mark.slow
+def test_a_killed_rank_leaves_no_server_and_no_worker():
+    # A forkserver worker holds the server's liveness pipe and watches the server, not the rank:
+    # without parent_death.py both live on after a SIGKILL of the rank.
+    holder = subprocess.Popen([sys.executable, "-c", _HOLDER], cwd=REPO, stdout=subprocess.PIPE,
+                              text=True)
+    try:
+        workers = [int(pid) for pid in holder.stdout.readline().split()]
+        assert len(workers) == 2
+        server = _parent_of(workers[0])
+        assert server != holder.pid and _parent_of(server) == holder.pid
+    finally:
+        holder.kill()
+        holder.wait(timeout=30)
+    deadline = time.monotonic() + 20
+    while (left := [pid for pid in (server, *workers) if _running(pid)]) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not left, f"left running after the rank was killed: {left}"
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"     # a zombie has ended
+    except FileNotFoundError:
+        return False
 
 
 class _StuckDataset(Dataset):
