@@ -21,6 +21,16 @@ NODES_ENV = "HPC_TRAIN_NODES"   # the nodes of this start, within slurm.nodes' r
 # Larger code wins when ranks saw different reasons; 0 = keep going.
 REASONS = {0: None, 1: "deadline", 2: "SIGUSR2", 3: "SIGTERM"}
 _CODES = {reason: code for code, reason in REASONS.items()}
+# Slurm sends them to every process of the job (preemption, scancel, the time limit's --signal).
+STOP_SIGNALS = (signal.SIGUSR2, signal.SIGTERM)
+
+
+def ignore_stop_signals() -> None:
+    """For the rank's helper processes (its data workers and their forkserver): the rank decides
+    when to stop. One killed by a stop signal would crash its rank before it saves; the rank
+    shuts its helpers down itself, and Slurm's final SIGKILL still applies."""
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
 
 
 def should_agree(step: int) -> bool:
@@ -32,7 +42,7 @@ class StopFlag:
         self.deadline, self.clock = deadline, clock
         self.signalled: str | None = None
         if install_handlers:
-            for sig in (signal.SIGUSR2, signal.SIGTERM):
+            for sig in STOP_SIGNALS:
                 signal.signal(sig, self._on_signal)
 
     @classmethod

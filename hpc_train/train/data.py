@@ -22,6 +22,7 @@ from torch.utils.data import DataLoader
 from hpc_train.data.sampler import ResumableBlockSampler, ValidationSampler
 from hpc_train.errors import DataError
 from hpc_train.runtime.parent_death import PARENT_ENV, die_with_parent, served_pid
+from hpc_train.runtime.stop import STOP_SIGNALS, ignore_stop_signals
 
 VAL_FIRST_INDEX = 1 << 40
 
@@ -36,13 +37,10 @@ _SERVER_PRELOAD = ["hpc_train.runtime.forkserver_preload", "hpc_train.train.data
 
 
 def init_worker(_worker_id: int) -> None:
-    """DataLoader worker init: the rank decides when to stop. Slurm signals every process of a
-    job (preemption, scancel), and a worker killed by that SIGTERM would crash its rank before
-    it saves; the rank shuts its workers down itself, and Slurm's final SIGKILL still applies.
+    """DataLoader worker init: the job's stop signals are the rank's to act on (ignore_stop_signals).
     DUMP_SIGNAL writes the worker's stacks: a hang in a worker is then seen where it is.
     A forkserver's worker dies with the server, which dies with the rank (parent_death.py)."""
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    signal.signal(signal.SIGUSR2, signal.SIG_IGN)
+    ignore_stop_signals()
     faulthandler.register(DUMP_SIGNAL, all_threads=True)
     rank = served_pid()
     if rank is not None and os.getppid() != rank:      # forked by the server, not by the rank
@@ -60,10 +58,21 @@ def start_worker_server(spec) -> None:
     the main thread: the server dies with the thread that started it (parent_death.py)."""
     if spec.data.workers and spec.data.start_method == "forkserver":
         import multiprocessing.forkserver as forkserver
+        import multiprocessing.resource_tracker as resource_tracker
 
         os.environ[PARENT_ENV] = str(os.getpid())
         forkserver.set_forkserver_preload(_SERVER_PRELOAD)
-        forkserver.ensure_running()
+        # Blocked while the resource tracker and the server are spawned: they inherit the mask,
+        # so a stop signal cannot kill them before they ignore it (the tracker ignores SIGTERM
+        # only, and unblocks it here when it has started: hence the second block). Here a
+        # signal waits for the unblocking, then reaches the StopFlag.
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+        try:
+            resource_tracker.ensure_running()
+            signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+            forkserver.ensure_running()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
 
 
 def worker_pids(*loaders) -> list[int]:

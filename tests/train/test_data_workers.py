@@ -48,34 +48,53 @@ def test_the_default_workers_fork_from_the_server_not_from_the_rank():
 
 
 _HOLDER = """
-import sys, time
+import sys
+from hpc_train.runtime.stop import StopFlag
 from hpc_train.spec import load_spec
 from hpc_train.train.data import build_loaders, start_worker_server, worker_pids
+stop = StopFlag()                      # a rank's handlers: the stop signals are noted, not fatal
 spec = load_spec("jobs/smoke.yaml", ["data.kind=synthetic", "data.train_samples=64", "data.val_samples=16"])
 start_worker_server(spec)
 train, val = build_loaders(spec, 0, 1, pin=False)
 next(iter(train))
 print(" ".join(map(str, worker_pids(train))), flush=True)
-time.sleep(120)
+sys.stdin.readline()
+print(len(list(train)), stop.signalled, flush=True)
+sys.stdin.readline()
 """
 
 
+def _children(pid: int) -> list[int]:
+    with open(f"/proc/{pid}/task/{pid}/children") as children:
+        return [int(child) for child in children.read().split()]
+
+
 @pytest.mark.slow
-def test_a_killed_rank_leaves_no_server_and_no_worker():
-    # A forkserver worker holds the server's liveness pipe and watches the server, not the rank:
-    # without parent_death.py both live on after a SIGKILL of the rank.
-    holder = subprocess.Popen([sys.executable, "-c", _HOLDER], cwd=REPO, stdout=subprocess.PIPE,
-                              text=True)
+def test_the_rank_s_helpers_outlive_stop_signals_and_not_the_rank():
+    holder = subprocess.Popen([sys.executable, "-c", _HOLDER], cwd=REPO, text=True,
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     try:
         workers = [int(pid) for pid in holder.stdout.readline().split()]
         assert len(workers) == 2
         server = _parent_of(workers[0])
-        assert server != holder.pid and _parent_of(server) == holder.pid
+        helpers = _children(holder.pid)       # the server and multiprocessing's resource tracker
+        assert server in helpers and len(helpers) == 2
+        # Slurm signals every process of the job: USR2 before the time limit, TERM on preemption.
+        for pid in (*helpers, *workers):
+            for sig in (signal.SIGUSR2, signal.SIGTERM):
+                os.kill(pid, sig)
+        os.kill(holder.pid, signal.SIGUSR2)
+        holder.stdin.write("\n")
+        holder.stdin.flush()
+        assert holder.stdout.readline().split() == ["2", "SIGUSR2"]   # a whole epoch, still served
+        assert all(_running(pid) for pid in (*helpers, *workers))
     finally:
+        # A forkserver worker holds the server's liveness pipe and watches the server, not the
+        # rank: without parent_death.py both would live on after a SIGKILL of the rank.
         holder.kill()
         holder.wait(timeout=30)
     deadline = time.monotonic() + 20
-    while (left := [pid for pid in (server, *workers) if _running(pid)]) and time.monotonic() < deadline:
+    while (left := [pid for pid in (*helpers, *workers) if _running(pid)]) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not left, f"left running after the rank was killed: {left}"
 
