@@ -32,7 +32,8 @@ VAL_FIRST_INDEX = 1 << 40
 DUMP_SIGNAL = signal.SIGUSR1
 # What the forkserver imports once: first the binding of its life to the rank's, then what lets
 # workers fork from it with torch and the datasets loaded.
-_SERVER_PRELOAD = ["hpc_train.runtime.forkserver_preload", "hpc_train.train.data", "hpc_train.data.shard_dataset", "hpc_train.data.transforms",
+_SERVER_PRELOAD = ["hpc_train.runtime.forkserver_preload", "hpc_train.train.data",
+                   "hpc_train.data.shard_dataset", "hpc_train.data.transforms",
                    "hpc_train.data.synthetic", "hpc_train.data.tokens"]
 
 
