@@ -47,6 +47,14 @@ def _requeue_history(job_id: str) -> list[str]:
     return out
 
 
+def _after_every_rank_finished(paths: RunPaths, requeued: dict) -> bool:
+    """A signal that came while the ranks were exiting after the last step: it reached mpirun
+    as it finalised and ended it (cause interrupted, "exit -12"), the driver requeued, and the
+    next start found nothing left to train. A race of the time limit's signal with the end."""
+    finished = {e["rank"] for e in events(paths, "rank_finished") if e["restart"] == requeued["restart"]}
+    return requeued["cause"] == "interrupted" and len(finished) == 2
+
+
 def _assert_resumed_where_stopped(paths: RunPaths):
     stops, resumes = events(paths, "stop_saved"), events(paths, "resumed")
     assert [e["step"] for e in resumes][:len(stops)] == [e["step"] for e in stops]
@@ -61,8 +69,9 @@ def test_time_limit_stops_saves_requeues_and_finishes(name, reasons, jobs, slurm
     state = slurm_cluster.wait_state(job_id, ENDED, timeout=900)
     assert state == "COMPLETED", describe_failure(paths)
     requeued = events(paths, "requeued")
-    assert requeued and {e["reason"] for e in requeued} <= reasons, requeued
-    assert {(e["cause"], e["by"]) for e in requeued} == {("stop", "driver")}, requeued
+    stops = [e for e in requeued if not _after_every_rank_finished(paths, e)]
+    assert stops and {e["reason"] for e in stops} <= reasons, requeued
+    assert {(e["cause"], e["by"]) for e in stops} == {("stop", "driver")}, requeued
     assert "REQUEUED" in _requeue_history(job_id)
     _assert_resumed_where_stopped(paths)
     assert_trained(paths)
