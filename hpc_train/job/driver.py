@@ -87,8 +87,9 @@ def master_address(allocation: Allocation, interface: str | None, here: str,
 
 def stop_grace(signal_seconds: int) -> float:
     """How long ranks get to save and exit after a forwarded stop: most of the signal's lead,
-    leaving 15 s to requeue before Slurm's kill."""
-    return max(10.0, signal_seconds - 15.0)
+    leaving 15 s to requeue before Slurm's kill; at least 15 s, for the agreement (every 5
+    steps), the save and the exit: 8 s from a stop early in a start on a loaded node, in CI."""
+    return max(15.0, signal_seconds - 15.0)
 
 
 def _in_slurm_allocation(environ) -> bool:
