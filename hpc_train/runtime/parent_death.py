@@ -21,16 +21,16 @@ PARENT_ENV = "HPC_TRAIN_WORKER_PARENT"
 _PR_SET_PDEATHSIG = 1
 
 
-def die_with_parent(parent: int | None = None) -> bool:
-    """Have the kernel SIGKILL this process when its parent ends; exit now if `parent` (a pid
-    that must be alive: the process served) is already gone. False where prctl is missing."""
+def die_with_parent(served: int | None = None) -> bool:
+    """Have the kernel SIGKILL this process when its parent ends; exit now if `served` (the
+    pid of the rank this process works for) is already gone. False where prctl is missing."""
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         if libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) != 0:
             return False
     except (OSError, AttributeError):
         return False              # not Linux: torch's own worker watchdog is all there is
-    if parent is not None and not _alive(parent):
+    if served is not None and not _alive(served):
         os._exit(1)               # it ended before the binding: nobody is left to serve
     return True
 
@@ -45,6 +45,6 @@ def _alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:
-        return True
+    except PermissionError:       # alive, another user's: not ours to signal
+        pass
     return True

@@ -225,7 +225,8 @@ def test_a_rank_that_dies_without_a_traceback_is_named_by_mpiruns_report(runs, k
     assert 1 not in result.failed_ranks                   # rank 1: no traceback, no event
     if result.event_rank is not None:
         # A peer saw the connection reset and recorded it before mpirun ended it: a consequence.
-        # (With workers forked from the rank, they held its sockets open and the peer hung.)
+        # (Seen since the workers fork from a server: forked from the rank, they inherited its
+        # sockets, and the peer, we think, hung on them until mpirun ended it.)
         assert result.event_rank != 1
         assert "connection_closed" in [s["id"] for s in result.signatures]
     if kind == "segv":           # faulthandler's report, from the rank's own log

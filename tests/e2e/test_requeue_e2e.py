@@ -51,8 +51,10 @@ def _after_every_rank_finished(paths: RunPaths, requeued: dict) -> bool:
     """A signal that came while the ranks were exiting after the last step: it reached mpirun
     as it finalised and ended it (cause interrupted, "exit -12"), the driver requeued, and the
     next start found nothing left to train. A race of the time limit's signal with the end."""
-    finished = {e["rank"] for e in events(paths, "rank_finished") if e["restart"] == requeued["restart"]}
-    return requeued["cause"] == "interrupted" and len(finished) == 2
+    restart = requeued["restart"]
+    ranks = [e["ranks"] for e in events(paths, "started") if e["restart"] == restart]
+    finished = {e["rank"] for e in events(paths, "rank_finished") if e["restart"] == restart}
+    return requeued["cause"] == "interrupted" and len(finished) == ranks[-1]
 
 
 def _assert_resumed_where_stopped(paths: RunPaths):

@@ -14,6 +14,7 @@ import time
 import pytest
 from torch.utils.data import DataLoader, Dataset
 
+from hpc_train.job.watchdog import process_state
 from hpc_train.spec import load_spec
 from hpc_train.train.data import (build_loaders, dump_worker_stacks, init_worker, shutdown_workers,
                                   start_worker_server, worker_pids)
@@ -50,6 +51,7 @@ def test_the_default_workers_fork_from_the_server_not_from_the_rank():
 _HOLDER = """
 import sys
 from hpc_train.runtime.stop import StopFlag
+from hpc_train.job.watchdog import process_state
 from hpc_train.spec import load_spec
 from hpc_train.train.data import build_loaders, start_worker_server, worker_pids
 stop = StopFlag()                      # a rank's handlers: the stop signals are noted, not fatal
@@ -100,11 +102,8 @@ def test_the_rank_s_helpers_outlive_stop_signals_and_not_the_rank():
 
 
 def _running(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"     # a zombie has ended
-    except FileNotFoundError:
-        return False
+    state = process_state(pid)            # None: gone; a zombie has ended too
+    return state is not None and not state.startswith("Z")
 
 
 class _StuckDataset(Dataset):
