@@ -12,7 +12,8 @@
   shards-jpeg-DECODER  the same with each slower installed decoder (simplejpeg, pillow): what
                 the faster one gains, and what a node without it gets
   shards-raw    raw-pixel shards, if --raw-shards is given (no JPEG decode at all)
-  memory        our decode + transform of JPEG bytes already in memory: our ceiling
+  memory        our decode + transform of the shards' JPEG bytes already in memory: our ceiling
+                (the same bytes as shards-jpeg, restart markers included: storage alone differs)
 Every configuration runs through the same DataLoader settings (workers, batch, start method,
 persistent workers). Noise on a shared machine: configurations run in alternating short rounds
 and the median round counts. Each round is exactly one loader epoch (a sampler of the round's
@@ -174,6 +175,15 @@ class Config:
         return images / watch.seconds()
 
 
+def shard_records(shards: ShardedImages, indices: list[int]) -> tuple[list[bytes], list[int]]:
+    """The stored JPEG bytes and labels of these samples (JPEG shards only)."""
+    if shards.encoding != "jpeg":
+        raise DataError(f"--shards {shards.split_dir.parent}: encoding is {shards.encoding}, not jpeg")
+    records = [shards.record(index) for index in indices]
+    shards.close()            # the workers open their own
+    return [data.tobytes() for data, _ in records], [label for _, label in records]
+
+
 def build_configs(args) -> list[Config]:
     train = args.split == "train"
     make = TrainTransform if train else ValTransform
@@ -203,11 +213,10 @@ def build_configs(args) -> list[Config]:
             raise DataError(f"--raw-shards {args.raw_shards}: encoding is {raw.encoding}, not raw")
         configs.append(Config("shards-raw", "HDF5 raw pixels, batched block reads", raw,
                               block_order(len(raw), 0, 0, args.block_size), args))
-    picked = sorted(rng.permutation(len(files))[:MEMORY_CAP].tolist())
-    memory = MemoryImages([files[i].read_bytes() for i in picked], [labels[i] for i in picked],
-                          transform)
-    configs.append(Config("memory", "our decode + transform of bytes in memory (ceiling)", memory,
-                          rng.permutation(len(picked)), args))
+    picked = sorted(rng.permutation(len(shards))[:MEMORY_CAP].tolist())
+    memory = MemoryImages(*shard_records(shards, picked), transform)
+    configs.append(Config("memory", "our decode + transform of the shards' bytes in memory "
+                          "(ceiling)", memory, rng.permutation(len(picked)), args))
     return configs
 
 

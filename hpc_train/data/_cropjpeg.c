@@ -32,6 +32,8 @@
 #include <jpeglib.h>
 #include <jerror.h>
 
+#include "_jpeg_intervals.h"
+
 typedef struct {
     struct jpeg_error_mgr base;
     jmp_buf jump;
@@ -110,7 +112,7 @@ typedef struct {          /* one region request, on the 1/scale grid */
 
 /* Decodes `r` into r->out; 0 on success, else a message in err->message. No Python calls here:
  * it runs without the GIL. */
-static int decode_region(const region *r, error_mgr *err) {
+static int decode_box(const region *r, error_mgr *err) {
     struct jpeg_decompress_struct cinfo;
     JSAMPLE *volatile rows = NULL;
     int failed = 0;
@@ -140,6 +142,11 @@ static int decode_region(const region *r, error_mgr *err) {
             x0 = r->left > 0 ? r->left - 1 : 0;
             x1 = r->left + r->width < cinfo.output_width ? r->left + r->width + 1
                                                           : cinfo.output_width;
+            /* At least 16 columns: libjpeg-turbo 2.1's fancy upsampling of a region one chroma
+             * sample wide gives wrong pixels below its first row (measured: a 1-column box at
+             * the left edge, 16-19 levels off). */
+            if (x1 - x0 < 16)
+                x1 = x0 + 16 < cinfo.output_width ? x0 + 16 : cinfo.output_width;
             xoffset = x0;
             cropped = x1 - x0;
             if (cropped < cinfo.output_width)
@@ -170,11 +177,55 @@ static int decode_region(const region *r, error_mgr *err) {
     return failed;
 }
 
+/* Source pixels kept around the box inside a cut, where the cut's edge is not the image's:
+ * libjpeg's fancy upsampling (h2v1, h2v2, h1v2) reads one chroma sample across an edge, i.e.
+ * the one output pixel next to it; two output pixels at the box's scale keep it out. */
+#define CUT_MARGIN 2
+
+/* `r` decoded from only the restart intervals that cover it, where the file has them (*cut set
+ * to 1), else from the whole file. Same pixels either way (tests/data/test_cropjpeg.py). */
+static int decode_region(const region *r, error_mgr *err, int *cut_used) {
+    jpeg_intervals found;
+    jpeg_cut cut;
+    unsigned s = (unsigned)r->scale, margin = CUT_MARGIN * (unsigned)r->scale;
+    unsigned y0, y1, x0, x1;
+    region sub;
+    int failed;
+
+    *cut_used = 0;
+    if (!jpeg_intervals_find(r->data, r->size, &found))
+        return decode_box(r, err);
+    y0 = r->top * s > margin ? r->top * s - margin : 0;
+    x0 = r->left * s > margin ? r->left * s - margin : 0;
+    y1 = (r->top + r->height) * s + margin;
+    x1 = (r->left + r->width) * s + margin;
+    y1 = y1 < found.height ? y1 : found.height;
+    x1 = x1 < found.width ? x1 : found.width;
+    /* Two MCUs wide at least: a cut of only the image's last, partial MCU column (4 px of a
+     * 500-px 4:2:0 image) decodes 11-12 levels off there (libjpeg-turbo 2.1.5, measured). */
+    if (x1 - x0 < 2 * found.mcu_width)
+        x0 = x1 > 2 * found.mcu_width ? x1 - 2 * found.mcu_width : 0;
+    if (!jpeg_intervals_cut(r->data, &found, y0, y1, x0, x1, &cut)) {
+        jpeg_intervals_free(&found);
+        return decode_box(r, err);
+    }
+    jpeg_intervals_free(&found);
+    sub = *r;                        /* the cut's corner is on the 1/8 grid: exact at any scale */
+    sub.data = cut.data;
+    sub.size = (unsigned long)cut.size;
+    sub.top = r->top - cut.top / s;
+    sub.left = r->left - cut.left / s;
+    failed = decode_box(&sub, err);
+    free(cut.data);
+    *cut_used = !failed;
+    return failed;
+}
+
 static PyObject *decode_into(PyObject *self, PyObject *args) {
     Py_buffer data, out;
     PyObject *target;
     unsigned int top, left;
-    int scale, failed;
+    int scale, failed, cut_used = 0;
     region r;
     error_mgr err;
 
@@ -200,7 +251,7 @@ static PyObject *decode_into(PyObject *self, PyObject *args) {
         r.width = (JDIMENSION)out.shape[1];
         r.scale = scale;
         Py_BEGIN_ALLOW_THREADS
-        failed = decode_region(&r, &err);
+        failed = decode_region(&r, &err, &cut_used);
         Py_END_ALLOW_THREADS
         if (failed)
             PyErr_Format(PyExc_ValueError, "JPEG region: %s", err.message);
@@ -209,7 +260,121 @@ static PyObject *decode_into(PyObject *self, PyObject *args) {
     PyBuffer_Release(&out);
     if (failed)
         return NULL;
-    Py_RETURN_NONE;
+    return PyBool_FromLong(cut_used);
+}
+
+/* The largest divisor of `mcus_per_row` that is at most `wanted`: intervals then tile each row. */
+static unsigned tiling_interval(unsigned mcus_per_row, unsigned wanted) {
+    unsigned k;
+    for (k = wanted < mcus_per_row ? wanted : mcus_per_row; k > 1; k--)
+        if (mcus_per_row % k == 0)
+            return k;
+    return 1;
+}
+
+/* A lossless transcode: the same DCT coefficients (so the same pixels), sequential, optimal
+ * Huffman tables, a restart marker every `interval` MCUs (rounded down so they tile the rows),
+ * the APPn and COM markers copied. Only YCbCr and greyscale files (else *out stays NULL:
+ * keep the original). 0 on success, else a message in err->message. */
+static int transcode_with_restarts(const unsigned char *data, unsigned long size, unsigned interval,
+                                   unsigned char **out, unsigned long *out_size, error_mgr *err) {
+    struct jpeg_decompress_struct src;
+    struct jpeg_compress_struct dst;
+    int failed = 0, m;
+
+    *out = NULL;
+    *out_size = 0;
+    setup(&src, err);
+    dst.err = &err->base;
+    jpeg_create_decompress(&src);
+    jpeg_create_compress(&dst);
+    if (setjmp(err->jump)) {
+        failed = 1;
+    } else {
+        jvirt_barray_ptr *coefficients;
+        jpeg_saved_marker_ptr marker;
+        unsigned block, mcus_per_row;
+        jpeg_mem_src(&src, data, size);
+        for (m = 0; m < 16; m++)
+            jpeg_save_markers(&src, JPEG_APP0 + m, 0xFFFF);
+        jpeg_save_markers(&src, JPEG_COM, 0xFFFF);
+        jpeg_read_header(&src, TRUE);
+        if (src.jpeg_color_space == JCS_YCbCr || src.jpeg_color_space == JCS_GRAYSCALE) {
+            coefficients = jpeg_read_coefficients(&src);
+            jpeg_copy_critical_parameters(&src, &dst);
+            block = src.num_components == 1 ? 8 : 8 * (unsigned)src.max_h_samp_factor;
+            mcus_per_row = (src.image_width + block - 1) / block;
+            dst.optimize_coding = TRUE;
+            dst.restart_interval = tiling_interval(mcus_per_row, interval);
+            jpeg_mem_dest(&dst, out, out_size);
+            jpeg_write_coefficients(&dst, coefficients);
+            for (marker = src.marker_list; marker != NULL; marker = marker->next) {
+                /* JFIF and Adobe markers: the compressor writes its own. */
+                if (dst.write_JFIF_header && marker->marker == JPEG_APP0 &&
+                    marker->data_length >= 5 && memcmp(marker->data, "JFIF", 5) == 0)
+                    continue;
+                if (dst.write_Adobe_marker && marker->marker == JPEG_APP0 + 14 &&
+                    marker->data_length >= 5 && memcmp(marker->data, "Adobe", 5) == 0)
+                    continue;
+                jpeg_write_marker(&dst, marker->marker, marker->data, marker->data_length);
+            }
+            jpeg_finish_compress(&dst);
+        }
+    }
+    jpeg_destroy_compress(&dst);
+    jpeg_destroy_decompress(&src);
+    if (failed) {
+        free(*out);
+        *out = NULL;
+    }
+    return failed;
+}
+
+static PyObject *with_restarts(PyObject *self, PyObject *args) {
+    Py_buffer data;
+    unsigned int interval;
+    unsigned char *out = NULL;
+    unsigned long out_size = 0;
+    error_mgr err;
+    int failed;
+    PyObject *result;
+
+    if (!PyArg_ParseTuple(args, "y*I", &data, &interval))
+        return NULL;
+    if (interval < 1 || interval > 65535) {
+        PyBuffer_Release(&data);
+        return PyErr_Format(PyExc_ValueError, "restart interval %u: expected 1 to 65535 MCUs",
+                            interval);
+    }
+    Py_BEGIN_ALLOW_THREADS
+    failed = transcode_with_restarts((const unsigned char *)data.buf, (unsigned long)data.len,
+                                     interval, &out, &out_size, &err);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&data);
+    if (failed)
+        return PyErr_Format(PyExc_ValueError, "JPEG transcode: %s", err.message);
+    if (out == NULL)
+        Py_RETURN_NONE;
+    result = PyBytes_FromStringAndSize((const char *)out, (Py_ssize_t)out_size);
+    free(out);
+    return result;
+}
+
+static PyObject *intervals(PyObject *self, PyObject *args) {
+    Py_buffer data;
+    jpeg_intervals found;
+    int ok;
+
+    if (!PyArg_ParseTuple(args, "y*", &data))
+        return NULL;
+    ok = jpeg_intervals_find((const unsigned char *)data.buf, (size_t)data.len, &found);
+    PyBuffer_Release(&data);
+    if (!ok)
+        Py_RETURN_NONE;
+    jpeg_intervals_free(&found);
+    return Py_BuildValue("{sIsIsIsIsI}", "interval", found.interval, "count", found.count,
+                         "per_row", found.per_row, "rows_per", found.rows_per,
+                         "mcus_per_row", found.mcus_per_row);
 }
 
 static PyMethodDef methods[] = {
@@ -217,7 +382,14 @@ static PyMethodDef methods[] = {
      "header(data) -> (height, width, colorspace, progressive) from the JPEG header."},
     {"decode_into", decode_into, METH_VARARGS,
      "decode_into(data, out, top, left, scale_denom): fill out (HxWx3 uint8) with the RGB box "
-     "at (top, left) of the 1/scale_denom decode."},
+     "at (top, left) of the 1/scale_denom decode; True when only the restart intervals covering "
+     "it were decoded."},
+    {"with_restarts", with_restarts, METH_VARARGS,
+     "with_restarts(data, interval) -> bytes, or None for a colour space other than YCbCr and "
+     "grey: the same coefficients, a restart marker every interval MCUs (tiling the rows)."},
+    {"intervals", intervals, METH_VARARGS,
+     "intervals(data) -> dict (interval, count, per_row, rows_per, mcus_per_row), or None when "
+     "the file's restart intervals cannot be cut."},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_cropjpeg",

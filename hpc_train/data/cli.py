@@ -21,7 +21,8 @@ def _shard(args: argparse.Namespace) -> int:
         labels=Path(args.labels) if args.labels else None,
         classes=Path(args.classes) if args.classes else None,
         shard_size=args.shard_size, encoding=args.encoding, max_side=args.max_side,
-        quality=args.quality, raw_size=args.raw_size, seed=args.seed, strict=args.strict,
+        quality=args.quality, raw_size=args.raw_size, restart_interval=args.restart_interval,
+        seed=args.seed, strict=args.strict,
         task_index=args.task_index, task_count=args.task_count)
     convert(opts)
     return 0
@@ -144,6 +145,10 @@ def _add_shard(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-side", type=positive_int, default=None, metavar="PX",
                    help="jpeg: re-encode images whose longer side exceeds PX (default: never)")
     p.add_argument("--quality", type=int, default=90, metavar="Q", help="JPEG re-encode quality")
+    p.add_argument("--restart-interval", type=int, default=None, metavar="MCUS",
+                   help="jpeg: rewrite each JPEG losslessly with a restart marker every MCUS "
+                        "blocks, so a crop decodes only its own part (default 1 where the cropjpeg "
+                        "extension is built, else 0: the bytes as they are)")
     p.add_argument("--raw-size", type=positive_int, default=256, metavar="PX",
                    help="raw: resize shorter side to PX, centre-crop PXxPX (default 256)")
     p.add_argument("--seed", type=int, default=0, help="sample order shuffle seed (default 0)")

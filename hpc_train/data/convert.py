@@ -31,6 +31,7 @@ class ConvertOptions:
     max_side: int | None = None
     quality: int = 90
     raw_size: int = 256
+    restart_interval: int | None = None   # None: 1 where cropjpeg is built, else 0
     seed: int = 0
     strict: bool = False
     task_index: int | None = None
@@ -129,7 +130,8 @@ def _write_own_shards(opts: ConvertOptions, split_dir: Path, listing, shards: li
     from hpc_train.data.progress import Progress
     from hpc_train.data.shard_writer import EncodeSettings, shard_name, write_shard
 
-    settings = EncodeSettings(opts.encoding, opts.max_side, opts.quality, opts.raw_size)
+    settings = EncodeSettings(opts.encoding, opts.max_side, opts.quality, opts.raw_size,
+                              restart_interval(opts.restart_interval))
     mine = shards_for_writer(len(shards), writer, writers)
     todo = []
     for i in mine:
@@ -189,6 +191,21 @@ def try_write_manifest(opts: ConvertOptions, split_dir: Path, listing, num_shard
     return manifest
 
 
+def restart_interval(asked: int | None) -> int:
+    """The MCUs between restart markers written into JPEG shards: as asked, else 1 (the fastest
+    crop decode, measured in docs/benchmarks.md) where cropjpeg can write them, else 0."""
+    from hpc_train.data import decode
+
+    built = decode._cropjpeg is not None
+    if asked is None:
+        return 1 if built else 0
+    if asked > 0 and not built:
+        raise DataError(f"--restart-interval {asked}: restart markers are written by the cropjpeg "
+                        "extension, which is not built here; build it (python -m "
+                        "hpc_train.data.cropjpeg_build) or pass --restart-interval 0")
+    return asked
+
+
 def _check_options(opts: ConvertOptions) -> None:
     if opts.shard_size < 1:
         raise DataError(f"--shard-size {opts.shard_size}: must be at least 1")
@@ -200,6 +217,9 @@ def _check_options(opts: ConvertOptions) -> None:
         raise DataError(f"--quality {opts.quality}: must be in 1..100")
     if opts.raw_size < 1:
         raise DataError(f"--raw-size {opts.raw_size}: must be positive")
+    if opts.restart_interval is not None and not 0 <= opts.restart_interval <= 65535:
+        raise DataError(f"--restart-interval {opts.restart_interval}: must be in 0..65535 MCUs")
+    restart_interval(opts.restart_interval)
     if not opts.split or "/" in opts.split or opts.split.startswith("."):
         raise DataError(f"--split {opts.split!r}: must be a plain folder name")
 

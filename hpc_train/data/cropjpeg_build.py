@@ -21,14 +21,17 @@ import sysconfig
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-SOURCE = HERE / "_cropjpeg.c"
+SOURCES = (HERE / "_cropjpeg.c", HERE / "_jpeg_intervals.c")
+HEADERS = (HERE / "_jpeg_intervals.h",)
 LIBRARY = HERE / ("_cropjpeg" + sysconfig.get_config_var("EXT_SUFFIX"))
 STAMP = LIBRARY.with_name(LIBRARY.name + ".stamp")
 
 
 def fingerprint() -> str:
-    """What the library was built from: the C source and the interpreter it links to."""
-    digest = hashlib.sha256(SOURCE.read_bytes())
+    """What the library was built from: the C sources and the interpreter it links to."""
+    digest = hashlib.sha256()
+    for path in (*SOURCES, *HEADERS):
+        digest.update(path.read_bytes())
     digest.update(sys.version.encode())
     return digest.hexdigest()
 
@@ -43,7 +46,7 @@ def compile_command(output: Path) -> list[str]:
     if shutil.which(compiler) is None:
         compiler = "cc"
     return [compiler, "-O2", "-shared", "-fPIC", "-Wall", f"-I{sysconfig.get_paths()['include']}",
-            str(SOURCE), "-o", str(output), "-ljpeg"]
+            *map(str, SOURCES), "-o", str(output), "-ljpeg"]
 
 
 def build(force: bool = False) -> tuple[bool, str]:

@@ -8,6 +8,9 @@ the largest CPU cost of the input pipeline, so the fastest decoder available is 
 - cropjpeg (`_cropjpeg.c`, built by env/setup.sh against the system libjpeg-turbo): decodes only
   the rows and columns of the box (jpeg_crop_scanline, jpeg_skip_scanlines, stop after the last
   row). Its pixels equal a full decode then crop, bit for bit (tests/data/test_cropjpeg.py).
+  Where the file has restart markers that tile its rows (shards get them: `with_restarts`), it
+  entropy-decodes only the intervals that cover the box (`_jpeg_intervals.c`), not every MCU
+  above and beside it.
   Progressive files too: libjpeg entropy-decodes all their scans of the whole image first, so a
   region takes about as long as a full decode there (0.9-1.1x, measured): kept, not passed on.
 - simplejpeg (libjpeg-turbo linked into its wheel: nothing to build). Its output is bit-identical
@@ -81,6 +84,21 @@ def jpeg_decoder(environ=os.environ) -> str:
         raise ValueError(f"{DECODER_ENV}={wanted!r}: expected one of {', '.join(DECODERS)}")
     allowed = DECODERS[DECODERS.index(wanted):] if wanted else DECODERS
     return next(name for name in installed_decoders() if name in allowed)
+
+
+def with_restarts(data: bytes, interval: int) -> bytes:
+    """The same JPEG with a restart marker every `interval` MCUs (fewer where that does not
+    divide a row), so cropjpeg decodes a crop from its own intervals only. Lossless: libjpeg
+    copies the DCT coefficients, and only the Huffman coding is new (optimal tables, so the file
+    is usually no larger). The bytes as they are when that cannot help or cannot be done: no
+    cropjpeg here, a colour space other than YCbCr and grey, or a file libjpeg refuses."""
+    if _cropjpeg is None or interval < 1:
+        return data
+    try:
+        marked = _cropjpeg.with_restarts(data, interval)
+    except ValueError:
+        return data
+    return data if marked is None else marked
 
 
 def largest_reduction(short_side: float, needed: float) -> int:

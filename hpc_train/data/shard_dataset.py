@@ -162,6 +162,12 @@ class ShardedImages(Dataset):
         shard = self._shard(k)
         return self._sample(shard, k, offset, shard.images[offset], key)
 
+    def record(self, index: int) -> tuple[np.ndarray, int]:
+        """The stored record of global `index` as it is (JPEG bytes, or raw pixels) and its label."""
+        k, offset = self.locate(index)
+        shard = self._shard(k)
+        return np.asarray(shard.images[offset]), int(shard.labels[offset])
+
     def __getitems__(self, keys) -> list:
         """A batch in the requested order, read in as few h5py calls as locality allows."""
         keys = [as_key(key) for key in keys]

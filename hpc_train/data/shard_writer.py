@@ -19,7 +19,7 @@ import h5py
 import numpy as np
 from PIL import Image
 
-from hpc_train.data.decode import DECODE_ERRORS
+from hpc_train.data.decode import DECODE_ERRORS, with_restarts
 from hpc_train.data.manifest import FORMAT_VERSION, sha256_file
 from hpc_train.rundir import fsync_path
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
@@ -31,12 +31,14 @@ class EncodeSettings:
     max_side: int | None = None     # jpeg: re-encode when the longer side is larger
     quality: int = 90               # jpeg re-encode quality
     raw_size: int = 256             # raw: H = W
+    restart_interval: int = 0       # jpeg: MCUs between restart markers, 0: the bytes as they are
 
     def describe(self) -> dict:
         """What shapes the stored bytes (goes into the per-shard fingerprint)."""
         if self.encoding == "raw":
             return {"encoding": "raw", "raw_size": self.raw_size}
-        return {"encoding": "jpeg", "max_side": self.max_side, "quality": self.quality}
+        return {"encoding": "jpeg", "max_side": self.max_side, "quality": self.quality,
+                "restart_interval": self.restart_interval}
 
 
 class BadImage(Exception):
@@ -70,12 +72,14 @@ def _to_rgb(img: Image.Image) -> Image.Image:
     return img.convert("RGB")
 
 
-def encode_jpeg(data: bytes, max_side: int | None, quality: int) -> tuple[bytes, tuple[int, int, int]]:
-    """Original bytes when already a small-enough RGB JPEG, else an RGB JPEG re-encode."""
+def encode_jpeg(data: bytes, max_side: int | None, quality: int,
+                restart_interval: int = 0) -> tuple[bytes, tuple[int, int, int]]:
+    """Original bytes when already a small-enough RGB JPEG, else an RGB JPEG re-encode; with
+    `restart_interval`, either one given restart markers (decode.with_restarts: lossless)."""
     img = _decode(data)
     too_big = max_side is not None and max(img.size) > max_side
     if img.format == "JPEG" and img.mode == "RGB" and not too_big:
-        return data, (img.height, img.width, 3)
+        return with_restarts(data, restart_interval), (img.height, img.width, 3)
     rgb = _to_rgb(img)
     if too_big:
         scale = max_side / max(rgb.size)
@@ -83,7 +87,7 @@ def encode_jpeg(data: bytes, max_side: int | None, quality: int) -> tuple[bytes,
         rgb = rgb.resize(size, Image.Resampling.BICUBIC)
     out = io.BytesIO()
     rgb.save(out, format="JPEG", quality=quality)
-    return out.getvalue(), (rgb.height, rgb.width, 3)
+    return with_restarts(out.getvalue(), restart_interval), (rgb.height, rgb.width, 3)
 
 
 def encode_raw(data: bytes, size: int) -> np.ndarray:
@@ -140,7 +144,8 @@ def write_shard(out_dir: Path, index: int, split: str, class_names: list[str],
                 images.append(pixels)
                 shapes.append(pixels.shape)
             else:
-                encoded, shape = encode_jpeg(data, settings.max_side, settings.quality)
+                encoded, shape = encode_jpeg(data, settings.max_side, settings.quality,
+                                             settings.restart_interval)
                 images.append(np.frombuffer(encoded, dtype=np.uint8))
                 shapes.append(shape)
         except BadImage as exc:

@@ -90,6 +90,7 @@ def test_regions_equal_a_full_decode_then_crop(subsampling, mode, progressive, h
         assert np.array_equal(image.pixels(reduce), full)
         regions = [(0, 0, *full.shape[:2]), (0, 0, 1, 1),                    # whole, a corner
                    (full.shape[0] - 1, full.shape[1] - 1, 1, 1),            # the other corner
+                   (full.shape[0] - 1, 0, 1, 1), (1, 0, full.shape[0] - 1, 1),   # one column at x 0
                    *_random_regions(*full.shape[:2], rng, 30)]
         for top, left, h, w in regions:
             region = image.region(top, left, h, w, reduce)
@@ -207,3 +208,99 @@ def test_build_is_skipped_when_up_to_date_and_fails_softly(monkeypatch, capsys):
     ok, what = cropjpeg_build.build(force=True)
     assert not ok and "no C compiler" in what
     assert cropjpeg_build.up_to_date()                      # the built library is untouched
+
+
+# ---- restart intervals: shards get markers, a crop decodes only the intervals covering it ----
+
+@pytest.mark.parametrize("subsampling, mode, progressive", [
+    ("4:2:0", "RGB", False), ("4:2:2", "RGB", False), ("4:4:4", "RGB", False),
+    ("4:2:0", "L", False), ("4:2:0", "RGB", True)])
+@pytest.mark.parametrize("height, width", [(375, 500), (333, 497), (61, 83)])
+@pytest.mark.parametrize("interval", [1, 3, 65535])   # every MCU, pieces of a row, whole rows
+def test_marked_regions_equal_the_original_s_full_decode(subsampling, mode, progressive, height,
+                                                         width, interval):
+    from hpc_train.data import _cropjpeg
+
+    original = _jpeg(_noisy(height, width, height), subsampling, mode, progressive)
+    data = decode.with_restarts(original, interval)
+    layout = _cropjpeg.intervals(data)
+    assert data != original and layout is not None
+    assert layout["mcus_per_row"] % layout["interval"] == 0 or layout["per_row"] == 1
+    rng = np.random.default_rng(width + interval)
+    for reduce in (1, 2, 4, 8):
+        full = _full(original, reduce)          # the file as it was: the transcode is lossless
+        assert np.array_equal(open_encoded(data, "cropjpeg").pixels(reduce), full)
+        height_r, width_r = full.shape[:2]
+        regions = [(0, 0, 1, 1), (height_r - 1, width_r - 1, 1, 1), (0, 0, height_r, 1),
+                   (0, width_r - 1, height_r, 1), *_random_regions(height_r, width_r, rng, 30)]
+        cuts = []
+        for top, left, h, w in regions:
+            out = np.empty((h, w, 3), np.uint8)
+            cuts.append(_cropjpeg.decode_into(data, out, top, left, reduce))
+            assert np.array_equal(out, full[top:top + h, left:left + w]), (reduce, top, left, h, w)
+        assert cuts[0] and cuts[1]          # the corners: decoded from their intervals alone
+
+
+def test_intervals_are_rounded_down_to_tile_each_row():
+    from hpc_train.data import _cropjpeg
+
+    data = _jpeg(_noisy(64, 500, 8))                   # 4:2:0: 32 MCUs of 16 px per row
+    assert _cropjpeg.intervals(decode.with_restarts(data, 3))["interval"] == 2
+    assert _cropjpeg.intervals(decode.with_restarts(data, 8))["per_row"] == 4
+    whole_rows = _cropjpeg.intervals(decode.with_restarts(data, 70))
+    assert (whole_rows["interval"], whole_rows["per_row"]) == (32, 1)
+    assert _cropjpeg.intervals(data) is None           # no markers: decoded as before
+
+
+def test_markers_that_straddle_rows_are_decoded_whole_with_the_same_pixels():
+    """Pillow's encoder can put a marker every 5 MCUs, which no cut of a box can use."""
+    from hpc_train.data import _cropjpeg
+
+    pixels = _noisy(120, 500, 9)
+    out = io.BytesIO()
+    Image.fromarray(pixels).save(out, format="JPEG", quality=90, restart_marker_blocks=5)
+    data = out.getvalue()
+    assert _cropjpeg.intervals(data) is None
+    box = np.empty((40, 60, 3), np.uint8)
+    assert _cropjpeg.decode_into(data, box, 30, 200, 1) is False
+    assert np.array_equal(box, _full(data, 1)[30:70, 200:260])
+
+
+def test_the_transcode_keeps_the_file_s_markers_and_leaves_what_it_cannot_mark():
+    from hpc_train.data import _cropjpeg
+
+    out, exif = io.BytesIO(), Image.Exif()
+    exif[0x010E] = "an image description"
+    Image.fromarray(_noisy(48, 64, 10)).save(out, format="JPEG", quality=90, comment=b"kept",
+                                             exif=exif.tobytes())
+    marked = decode.with_restarts(out.getvalue(), 1)
+    assert _cropjpeg.intervals(marked) is not None
+    reopened = Image.open(io.BytesIO(marked))
+    assert reopened.info.get("comment") == b"kept"
+    assert reopened.getexif()[0x010E] == "an image description"
+    cmyk = _cmyk_jpeg()
+    assert _cropjpeg.with_restarts(cmyk, 1) is None and decode.with_restarts(cmyk, 1) == cmyk
+    damaged = b"\xff\xd8\xff\xe0" + b"\x00" * 40
+    assert decode.with_restarts(damaged, 1) == damaged
+    with pytest.raises(ValueError, match="JPEG transcode"):
+        _cropjpeg.with_restarts(damaged, 1)
+    with pytest.raises(ValueError, match="restart interval 0"):
+        _cropjpeg.with_restarts(cmyk, 0)
+
+
+def test_damaged_marked_files_raise_value_errors_never_a_crash():
+    from hpc_train.data import _cropjpeg
+
+    data = decode.with_restarts(_jpeg(_noisy(200, 300, 11)), 1)
+    body = bytearray(data)
+    rst = bytes(body).index(b"\xff\xd3")
+    body[rst + 1] = 0xD5                                 # a marker out of sequence: not cut
+    for damaged in (data[: len(data) // 2], bytes(body), data[:-2]):
+        out = np.empty((50, 60, 3), np.uint8)
+        try:
+            _cropjpeg.decode_into(damaged, out, 100, 100, 1)
+        except ValueError:
+            pass
+    assert _cropjpeg.intervals(bytes(body)) is None and _cropjpeg.intervals(data[:-2]) is None
+    with pytest.raises(ValueError):                       # truncated: not grey
+        _cropjpeg.decode_into(data[: len(data) // 2], np.empty((50, 60, 3), np.uint8), 100, 100, 1)

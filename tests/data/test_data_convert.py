@@ -20,7 +20,8 @@ import pytest
 from PIL import Image
 
 from hpc_train.cli import main
-from hpc_train.data.convert import sample_order, split_into_shards
+from hpc_train.data import decode
+from hpc_train.data.convert import restart_interval, sample_order, split_into_shards
 from tests.conftest import REPO
 
 CLASSES = ["n01440764", "n01443537", "n01484850"]
@@ -101,7 +102,11 @@ def test_class_folders_match_sources_and_the_format_doc(folders, tmp_path, capsy
         assert list(zip(s["keys"], s["labels"])) == planned  # doc order: sorted, seeded shuffle
         assert s["dtypes"]["labels"] == np.int64 and s["dtypes"]["shapes"] == np.int32
         for key, data, label, shape in zip(s["keys"], s["images"], s["labels"], s["shapes"]):
-            assert data == expected[key][0] and label == expected[key][1]  # original bytes
+            # The original bytes, with restart markers where cropjpeg is built: same pixels.
+            assert data == decode.with_restarts(expected[key][0], restart_interval(None))
+            assert label == expected[key][1]
+            assert np.array_equal(np.asarray(Image.open(io.BytesIO(data))),
+                                  np.asarray(Image.open(io.BytesIO(expected[key][0]))))
             img = Image.open(io.BytesIO(data))
             assert shape == [img.height, img.width, 3]
             seen[key] = label
@@ -199,13 +204,40 @@ def test_reencode_png_grey_cmyk_and_max_side(tmp_path):
     shard("--src", src, "--out", tmp_path / "out", "--max-side", 16, "--quality", 80)
     s = read_shard(tmp_path / "out/train/shard-00000.h5")
     stored = dict(zip(s["keys"], zip(s["images"], s["shapes"])))
-    assert stored["a/small.jpg"][0] == files["a/small.jpg"]  # small RGB JPEG: untouched
+    # A small RGB JPEG: untouched, but for its restart markers (where cropjpeg is built).
+    assert stored["a/small.jpg"][0] == decode.with_restarts(files["a/small.jpg"], restart_interval(None))
     assert stored["a/big.jpg"][1] == [8, 16, 3]                # longer side 40 -> 16
     for key, (data, shape) in stored.items():
         img = Image.open(io.BytesIO(data))
         assert img.format == "JPEG" and img.mode == "RGB" and shape == [img.height, img.width, 3]
         if key != "a/small.jpg":
             assert data != files[key]
+
+
+@pytest.mark.skipif(decode._cropjpeg is None, reason="restart markers need the cropjpeg extension")
+def test_restart_markers_by_default_none_with_zero(folders, tmp_path):
+    from hpc_train.data import _cropjpeg
+
+    src, expected = folders
+    assert shard("--src", src, "--out", tmp_path / "marked") == 0
+    assert shard("--src", src, "--out", tmp_path / "plain", "--restart-interval", "0") == 0
+    marked = read_shard(tmp_path / "marked/train/shard-00000.h5")
+    plain = read_shard(tmp_path / "plain/train/shard-00000.h5")
+    assert all(_cropjpeg.intervals(data)["interval"] == 1 for data in marked["images"])
+    assert plain["images"] == [expected[key][0] for key in plain["keys"]]
+    sidecar = json.loads((tmp_path / "marked/train/shard-00000.h5.json").read_text())
+    other = json.loads((tmp_path / "plain/train/shard-00000.h5.json").read_text())
+    assert sidecar["fingerprint"] != other["fingerprint"]   # a rerun with the other setting refuses
+
+
+def test_restart_markers_asked_without_cropjpeg_are_a_clear_error(folders, tmp_path, monkeypatch, capsys):
+    src, _ = folders
+    monkeypatch.setattr(decode, "_cropjpeg", None)
+    assert restart_interval(None) == 0
+    assert shard("--src", src, "--out", tmp_path / "out", "--restart-interval", "2") == 6   # a DataError
+    err = capsys.readouterr().err
+    assert "--restart-interval 2" in err and "cropjpeg_build" in err
+    assert not (tmp_path / "out").exists()
 
 
 def test_raw_encoding_is_square_rgb(folders, tmp_path):
