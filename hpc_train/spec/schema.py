@@ -283,7 +283,7 @@ class HorovodSpec:
         "run directory as horovod-autotune.csv")
     few_core_tuning: bool = spec_field(
         True, doc="on one core per rank (slurm.cpus_per_task: 1), keep Horovod's background "
-        "thread and MPI's polling off the training's core: a 10 ms cycle (unless cycle_time_ms "
+        "thread and MPI's polling off the training's core: a 2 ms cycle (unless cycle_time_ms "
         "is set) and Open MPI's mpi_yield_when_idle (launch/horovod.py; measured in "
         "docs/benchmarks.md). launch.env overrides either")
 

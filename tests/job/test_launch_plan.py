@@ -58,15 +58,15 @@ def test_srun_outside_slurm_is_refused_with_the_fix(tmp_path):
 
 
 @pytest.mark.parametrize("overrides, expected", [
-    ([], {"HOROVOD_CYCLE_TIME": "10", "OMPI_MCA_mpi_yield_when_idle": "1"}),      # smoke: 1 core
+    ([], {"HOROVOD_CYCLE_TIME": "2", "OMPI_MCA_mpi_yield_when_idle": "1"}),      # smoke: 1 core
     (["parallel.horovod.cycle_time_ms=2.5"], {"HOROVOD_CYCLE_TIME": "2.5",
                                              "OMPI_MCA_mpi_yield_when_idle": "1"}),
-    (["launch.env.OMPI_MCA_mpi_yield_when_idle=0"], {"HOROVOD_CYCLE_TIME": "10",
+    (["launch.env.OMPI_MCA_mpi_yield_when_idle=0"], {"HOROVOD_CYCLE_TIME": "2",
                                                     "OMPI_MCA_mpi_yield_when_idle": "0"}),
     (["slurm.cpus_per_task=2", "data.workers=1"], {}),              # a core for Horovod's thread
     (["parallel.horovod.few_core_tuning=false"], {}),
     (["parallel.backend=ddp"], {}),
-    (["launch.mpi=mpich"], {"HOROVOD_CYCLE_TIME": "10"}),          # Open MPI's variable only
+    (["launch.mpi=mpich"], {"HOROVOD_CYCLE_TIME": "2"}),          # Open MPI's variable only
 ])
 def test_horovod_on_one_core_per_rank_is_tuned_unless_told_otherwise(tmp_path, overrides, expected):
     plan = launch_plan(_spec(*overrides), RunPaths(tmp_path), Allocation((("here", 2),)),
