@@ -9,6 +9,10 @@ columns differ from a full decode by up to ~40 levels on noisy chroma (measured 
 images). The decoder decodes one column more on each side, so those columns fall outside the
 region; hence equality, not a tolerance, is asserted everywhere. Rows need no margin: libjpeg
 decodes the rows before the first one read with their context.
+
+Files with restart markers (what `data shard` writes: `decode.with_restarts`, lossless) are cut
+to the intervals that cover a region, plus a margin; the same regions of them must equal a full
+decode of the *original* file, bit for bit.
 """
 
 from __future__ import annotations
