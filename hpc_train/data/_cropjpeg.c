@@ -280,10 +280,19 @@ static int transcode_with_restarts(const unsigned char *data, unsigned long size
                                    unsigned char **out, unsigned long *out_size, error_mgr *err) {
     struct jpeg_decompress_struct src;
     struct jpeg_compress_struct dst;
+    /* Our buffer, room for a rewrite a quarter larger: libjpeg's jpeg_mem_dest grows a buffer
+     * it allocated itself but names the grown one only when the write completes, so after a
+     * failure ours is the one that can be freed safely (a grown one, never seen, would leak). */
+    unsigned long capacity = size + size / 4 + 65536;
+    unsigned char *own = malloc(capacity);
     int failed = 0, m;
 
     *out = NULL;
     *out_size = 0;
+    if (own == NULL) {
+        snprintf(err->message, JMSG_LENGTH_MAX, "out of memory");
+        return 1;
+    }
     setup(&src, err);
     dst.err = &err->base;
     jpeg_create_decompress(&src);
@@ -306,6 +315,8 @@ static int transcode_with_restarts(const unsigned char *data, unsigned long size
             mcus_per_row = (src.image_width + block - 1) / block;
             dst.optimize_coding = TRUE;
             dst.restart_interval = tiling_interval(mcus_per_row, interval);
+            *out = own;
+            *out_size = capacity;
             jpeg_mem_dest(&dst, out, out_size);
             jpeg_write_coefficients(&dst, coefficients);
             for (marker = src.marker_list; marker != NULL; marker = marker->next) {
@@ -323,9 +334,11 @@ static int transcode_with_restarts(const unsigned char *data, unsigned long size
     }
     jpeg_destroy_compress(&dst);
     jpeg_destroy_decompress(&src);
+    if (failed || *out != own)        /* failed, not rewritten, or written into a grown buffer */
+        free(own);
     if (failed) {
-        free(*out);
         *out = NULL;
+        *out_size = 0;
     }
     return failed;
 }
