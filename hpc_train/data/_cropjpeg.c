@@ -13,13 +13,17 @@
  *   on each side of the box (where the image has it), so those edge columns fall outside it.
  * - nothing at the top or bottom: libjpeg decodes the rows before the first read row with their
  *   context (measured: tests/data/test_cropjpeg.py), and rows after the box are never produced.
+ * Where the file has restart markers that tile its rows (the shards do: with_restarts), only the
+ * intervals covering the box, plus a margin, are decoded, as a sub-JPEG (_jpeg_intervals.c).
  *
  * Python API (hpc_train.data._cropjpeg):
  *   header(data) -> (height, width, colorspace, progressive)
- *   decode_into(data, out, top, left, scale_denom) -> None
+ *   decode_into(data, out, top, left, scale_denom) -> bool (True: decoded from a cut)
  *       out: a writable C-contiguous uint8 buffer of height x width x 3 bytes, filled with the
  *       RGB box whose corner is (top, left) on the 1/scale_denom grid; its shape is (height,
  *       width, 3), given by out's own shape.
+ *   with_restarts(data, interval) -> bytes or None: the lossless rewrite with restart markers
+ *   intervals(data) -> dict or None: the restart intervals a cut would use
  * Errors (not a JPEG, damaged, truncated, box outside the image) raise ValueError; the GIL is
  * released while libjpeg runs.
  */

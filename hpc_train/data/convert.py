@@ -194,9 +194,9 @@ def try_write_manifest(opts: ConvertOptions, split_dir: Path, listing, num_shard
 def restart_interval(asked: int | None) -> int:
     """The MCUs between restart markers written into JPEG shards: as asked, else 1 (the fastest
     crop decode, measured in docs/benchmarks.md) where cropjpeg can write them, else 0."""
-    from hpc_train.data import decode
+    from hpc_train.data.decode import installed_decoders
 
-    built = decode._cropjpeg is not None
+    built = "cropjpeg" in installed_decoders()
     if asked is None:
         return 1 if built else 0
     if asked > 0 and not built:

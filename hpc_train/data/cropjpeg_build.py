@@ -4,7 +4,7 @@
 
 Why a script and not a setuptools Extension: the decoder is optional (the data pipeline falls
 back to simplejpeg or Pillow), so `pip install` must not fail where libjpeg's headers are
-missing. env/setup.sh runs this; it rebuilds only when the C source or the interpreter changed
+missing. env/setup.sh runs this; it rebuilds only when the C sources or the interpreter changed
 (a stamp beside the library), so a re-run costs a hash. Needs a C compiler and Debian's
 `libjpeg62-turbo-dev` (jpeglib.h, libjpeg.so). Exit 0 when built or up to date, 1 when it
 cannot build (the message says why); nothing else depends on it.

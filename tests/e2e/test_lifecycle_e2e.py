@@ -4,8 +4,7 @@ crops and flips, two data workers per rank, persistent workers):
 - stopped three ways (USR2 to the batch shell, `scontrol requeue`, `scancel --signal=TERM --full`)
   it ends COMPLETED with every rank's parameters bit-identical to the uninterrupted run, under
   Horovod and DDP alike, with asynchronous checkpoints (`checkpoint.write: async`, the shipped
-  default; the sync writer is covered by tests/train/test_resume_exact.py), and under fsdp
-  (DDP and fsdp with --heavy: CI runs Horovod's and ZeRO-3's);
+  default; the sync writer is covered by tests/train/test_resume_exact.py), and under fsdp;
   so does the shipped ZeRO-3 job (jobs/transformer_zero_cpu.yaml, every rank's DeepSpeed shards);
 - a rank frozen with SIGSTOP is named by `status` and `diagnose` while frozen, and the driver's
   watchdog requeues the job from its last checkpoint well before the time limit;
@@ -99,10 +98,9 @@ def jobs(slurm_cluster, tmp_path_factory, request):
         "straight-zero3": ((ZERO, [*ZERO_LONG, *WATCH]), None),
     }
     if not heavy_requested(request.config):
-        # CI's reduced form: DDP's and fsdp's pairs stopped three ways run on request (--heavy);
-        # Horovod's covers the replicated path and ZeRO-3's the sharded one (fsdp's exact
-        # resume from its DCP shards: tests/train/test_fsdp.py, under mpirun without Slurm).
-        plan = {name: job for name, job in plan.items() if not name.endswith(("-ddp", "-fsdp"))}
+        # CI's reduced form: DDP's pair stopped three ways runs on request (--heavy); Horovod's
+        # covers the replicated path and fsdp's and ZeRO-3's torch.distributed's.
+        plan = {name: job for name, job in plan.items() if not name.endswith("-ddp")}
     submitted = {}
     with ThreadPoolExecutor(max_workers=len(plan)) as actors:
         for name, (job, act) in plan.items():
@@ -203,8 +201,8 @@ def _ended(slurm_cluster, job: Job, timeout: float = 900) -> str:
 
 # -- the tests -----------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("backend", ["horovod", pytest.param("ddp", marks=pytest.mark.heavy),
-                                     pytest.param("fsdp", marks=pytest.mark.heavy), "zero3"])
+@pytest.mark.parametrize("backend", ["horovod", pytest.param("ddp", marks=pytest.mark.heavy), "fsdp",
+                                     "zero3"])
 def test_a_job_stopped_three_ways_ends_bit_identical(backend, jobs, slurm_cluster):
     job, straight = jobs[f"stopped-{backend}"], jobs[f"straight-{backend}"]
     stops = job.observed()
