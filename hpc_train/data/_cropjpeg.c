@@ -194,7 +194,7 @@ static int decode_region(const region *r, error_mgr *err, int *cut_used) {
     unsigned s = (unsigned)r->scale, margin = CUT_MARGIN * (unsigned)r->scale;
     unsigned y0, y1, x0, x1;
     region sub;
-    int failed;
+    int failed, cutting;
 
     *cut_used = 0;
     if (!jpeg_intervals_find(r->data, r->size, &found))
@@ -209,11 +209,10 @@ static int decode_region(const region *r, error_mgr *err, int *cut_used) {
      * 500-px 4:2:0 image) decodes 11-12 levels off there (libjpeg-turbo 2.1.5, measured). */
     if (x1 - x0 < 2 * found.mcu_width)
         x0 = x1 > 2 * found.mcu_width ? x1 - 2 * found.mcu_width : 0;
-    if (!jpeg_intervals_cut(r->data, &found, y0, y1, x0, x1, &cut)) {
-        jpeg_intervals_free(&found);
-        return decode_box(r, err);
-    }
+    cutting = jpeg_intervals_cut(r->data, &found, y0, y1, x0, x1, &cut);
     jpeg_intervals_free(&found);
+    if (!cutting)
+        return decode_box(r, err);
     sub = *r;                        /* the cut's corner is on the 1/8 grid: exact at any scale */
     sub.data = cut.data;
     sub.size = (unsigned long)cut.size;

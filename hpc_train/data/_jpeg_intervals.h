@@ -9,8 +9,8 @@
  * their markers renumbered. That sub-JPEG decodes to the same pixels as the same place of the
  * whole image, except where upsampling reads across its edges (kept out of the box by a margin).
  *
- * Shards get restart markers when they are written (jpeg_add_restarts: a lossless transcode,
- * the DCT coefficients are copied, not re-quantised).
+ * Shards get restart markers when they are written (_cropjpeg.c: transcode_with_restarts, a
+ * lossless transcode: the DCT coefficients are copied, not re-quantised).
  */
 #ifndef HPC_TRAIN_JPEG_INTERVALS_H
 #define HPC_TRAIN_JPEG_INTERVALS_H

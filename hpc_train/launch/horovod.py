@@ -45,11 +45,11 @@ def horovod_env(knobs, paths: RunPaths, restart: int = 0) -> dict[str, str]:
 # One core per rank: Horovod's background thread wakes every cycle (1 ms by default since
 # Horovod 0.21) and Open MPI's progress engine busy-polls while it waits; both take the core the
 # rank computes on. Yielding is what matters: on 2 ranks with one core each (bench train,
-# jobs/smoke.yaml) Horovod ran at 0.68x DDP's images/s untuned and 1.02-1.10x with yielding and
+# jobs/smoke.yaml) Horovod ran at 0.68x DDP's images/s untuned and 0.95-1.10x with yielding and
 # a 2 ms cycle. The cycle sets how long a step's gradients wait to go out: with yielding, its
-# gradient allreduce came to 0.84 of mpi4py's at 10 ms, 0.92 at 5, 0.99-1.04 at 2 and 1.15 at 1,
-# images/s 1.03-1.10x DDP's at each (one session, docs/benchmarks.md). 2 ms keeps most of the
-# gain with half the wake-ups of Horovod's default.
+# gradient allreduce came to 0.84 of mpi4py's at 10 ms, 0.92 at 5, 0.99-1.07 at 2 and 1.15 at 1,
+# images/s 0.95-1.10x DDP's over these runs (one session, docs/benchmarks.md). 2 ms keeps most
+# of the gain with half the wake-ups of Horovod's default.
 FEW_CORE_CYCLE_MS = 2
 OPENMPI_YIELD = "OMPI_MCA_mpi_yield_when_idle"
 
