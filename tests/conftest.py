@@ -35,6 +35,17 @@ def heavy_requested(config) -> bool:
     return config.getoption("--heavy") or os.environ.get("HPC_TRAIN_HEAVY") == "1"
 
 
+def heavy_params(names, heavy: set) -> list:
+    """Test parameters for `names`, the ones in `heavy` marked heavy (CI runs the others)."""
+    return [pytest.param(name, marks=[pytest.mark.heavy] if name in heavy else []) for name in names]
+
+
+def selected_plan(config, plan: dict, heavy: set) -> dict:
+    """A module's plan of jobs without its heavy entries, unless heavy tests were asked for: a
+    fixture that submits every job at once then submits only what the selected tests read."""
+    return plan if heavy_requested(config) else {k: v for k, v in plan.items() if k not in heavy}
+
+
 def pytest_collection_modifyitems(config, items):
     if heavy_requested(config):
         return

@@ -130,7 +130,9 @@ def test_a_full_disk_during_a_save_keeps_the_previous_checkpoint(small_disk):
 
 @pytest.mark.mpi
 @pytest.mark.slow
-@pytest.mark.parametrize("backend", [pytest.param("horovod", marks=pytest.mark.horovod), "fsdp"])
+# fsdp's with --heavy: its ranks' own parts killed mid-save are tests/train/test_fsdp.py's.
+@pytest.mark.parametrize("backend", [pytest.param("horovod", marks=pytest.mark.horovod),
+                                     pytest.param("fsdp", marks=pytest.mark.heavy)])
 def test_sigkill_during_a_background_write_leaves_the_previous_checkpoint(backend, tmp_path):
     """checkpoint.write: async (the default). Rank 0's background write of step 20 is held
     after every rank's file is on disk (fsdp: and every rank's shards) and before the marker

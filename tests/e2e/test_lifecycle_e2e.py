@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import pytest
 
 from hpc_train.rundir import RunPaths
-from tests.conftest import heavy_requested
+from tests.conftest import heavy_params, selected_plan
 from tests.runs import (await_beat, assert_same_training, cli, describe_failure, events, logged_step,
                         metrics_after, submit, wait_for)
 
@@ -50,6 +50,11 @@ ZERO_LONG, ZERO_STEPS, ZERO_STOPS = ["optim.epochs=3"], 192, (8, 70, 140)
 WATCH = ["log.every_steps=1"]
 FREEZE = ["launch.stall_seconds=40", "checkpoint.every_steps=10", "launch.restarts_in_job=0",
           "checkpoint.retries_on_failure=1", *WATCH]     # the requeue path (restarts: test_restart_e2e)
+# CI's reduced form (the rest with --heavy): Horovod's run stopped three ways covers the replicated
+# path; the sharded backends' stops and resumes are covered under mpirun by tests/train/test_fsdp.py
+# and tests/parallel/test_deepspeed.py, and a failure on every run by test_run_state_e2e.py.
+HEAVY = {"stopped-ddp", "straight-ddp", "stopped-fsdp", "straight-fsdp", "stopped-zero3",
+         "straight-zero3", "frozen-always"}
 TRACKED = [*WATCH, "log.trackers=[wandb, mlflow]", "checkpoint.every_steps=10"]
 FAKE_SCONTROL = """#!/bin/sh
 if [ "$1" = requeue ]; then echo "scontrol: error: requeue refused by the test's stand-in" >&2; exit 1; fi
@@ -97,10 +102,7 @@ def jobs(slurm_cluster, tmp_path_factory, request):
         "straight-fsdp": (["parallel.backend=fsdp", *WATCH], None),
         "straight-zero3": ((ZERO, [*ZERO_LONG, *WATCH]), None),
     }
-    if not heavy_requested(request.config):
-        # CI's reduced form: DDP's pair stopped three ways runs on request (--heavy); Horovod's
-        # covers the replicated path and fsdp's and ZeRO-3's torch.distributed's.
-        plan = {name: job for name, job in plan.items() if not name.endswith("-ddp")}
+    plan = selected_plan(request.config, plan, HEAVY)
     submitted = {}
     with ThreadPoolExecutor(max_workers=len(plan)) as actors:
         for name, (job, act) in plan.items():
@@ -201,8 +203,8 @@ def _ended(slurm_cluster, job: Job, timeout: float = 900) -> str:
 
 # -- the tests -----------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("backend", ["horovod", pytest.param("ddp", marks=pytest.mark.heavy), "fsdp",
-                                     "zero3"])
+@pytest.mark.parametrize("backend", heavy_params(["horovod", "ddp", "fsdp", "zero3"],
+                                                 {"ddp", "fsdp", "zero3"}))
 def test_a_job_stopped_three_ways_ends_bit_identical(backend, jobs, slurm_cluster):
     job, straight = jobs[f"stopped-{backend}"], jobs[f"straight-{backend}"]
     stops = job.observed()
@@ -265,6 +267,7 @@ def test_frozen_rank_is_named_then_requeued_from_its_checkpoint(jobs, slurm_clus
     assert "rank 1" in diagnosis and "T (stopped)" in diagnosis, diagnosis
 
 
+@pytest.mark.heavy
 def test_rank_frozen_on_every_run_ends_failed_after_its_retry(jobs, slurm_cluster):
     job = jobs["frozen-always"]
     assert _ended(slurm_cluster, job) == "FAILED", describe_failure(job.paths)

@@ -21,6 +21,7 @@ import pytest
 
 from hpc_train.inspection.logparse import rank_host, timed_lines
 from hpc_train.rundir import RunPaths, read_jsonl
+from tests.conftest import heavy_params, selected_plan
 from tests.runs import (assert_trained, cli, describe_failure, events, heartbeat_step, logged_step,
                         submit, wait_for)
 
@@ -54,6 +55,11 @@ PLAN: dict[str, tuple] = {
                                     *NO_RETRY], None) for method in ("mpirun", "srun")},
 }
 
+# CI's reduced form (the rest with --heavy): one smoke job per launcher, the two together covering
+# both backends and the subnet, and each fault under one launcher; the launcher-independence of
+# the weights needs all four smoke jobs.
+HEAVY = {"mpirun-horovod", "srun-ddp", "raise-mpirun", "freeze-srun"}
+
 
 @dataclass
 class Job:
@@ -81,11 +87,11 @@ def _stop_twice(cluster, job_id: str, paths: RunPaths) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def jobs(slurm_nodes, tmp_path_factory):
+def jobs(slurm_nodes, tmp_path_factory, request):
     root = tmp_path_factory.mktemp("multinode")
     submitted = {}
     with ThreadPoolExecutor(max_workers=2) as actors:
-        for name, (spec, overrides, actor) in PLAN.items():
+        for name, (spec, overrides, actor) in selected_plan(request.config, PLAN, HEAVY).items():
             job_id, paths = submit(spec, root, f"run.name={name}", *ACROSS, *overrides,
                                    env=slurm_nodes.env)
             slurm_nodes.job_ids.append(job_id)
@@ -115,16 +121,17 @@ def _two_nodes(paths: RunPaths, cluster) -> list[str]:
     return hosts
 
 
-@pytest.mark.parametrize("method", ["mpirun", "srun"])
-@pytest.mark.parametrize("backend", ["horovod", "ddp"])
-def test_smoke_job_trains_across_two_nodes(method, backend, jobs, slurm_nodes):
-    job = jobs[f"{method}-{backend}"]
+@pytest.mark.parametrize("name", heavy_params(["mpirun-horovod", "mpirun-ddp", "srun-horovod", "srun-ddp"],
+                                              HEAVY))
+def test_smoke_job_trains_across_two_nodes(name, jobs, slurm_nodes):
+    job = jobs[name]
+    method = name.split("-")[0]
     assert _ended(slurm_nodes, job) == "COMPLETED", describe_failure(job.paths)
     assert_trained(job.paths, ranks=2)
     _two_nodes(job.paths, slurm_nodes)
     started = events(job.paths, "started")[0]
     assert started["argv"][0].endswith(method)
-    if f"{method}-{backend}" in ON_SUBNET:
+    if name in ON_SUBNET:
         # Each rank found its own interface on the subnet (eth0 in each node's namespace), and
         # MPI was told the subnet: on mpirun's command line, or in srun's environment.
         for rank in (0, 1):
@@ -133,6 +140,7 @@ def test_smoke_job_trains_across_two_nodes(method, backend, jobs, slurm_nodes):
             assert started["argv"][started["argv"].index("btl_tcp_if_include") + 1] == SUBNET
 
 
+@pytest.mark.heavy
 def test_smoke_weights_do_not_depend_on_the_launcher(jobs, slurm_nodes):
     for backend in ("horovod", "ddp"):
         digests = set()
@@ -172,9 +180,9 @@ def test_two_node_job_stopped_by_usr2_and_requeue_resumes_on_both_nodes(jobs, sl
     assert sacct.split()[-1].startswith("COMPLETED") and "REQUEUED" in sacct, sacct
 
 
-@pytest.mark.parametrize("method", ["mpirun", "srun"])
-def test_a_rank_raising_on_the_second_node_is_named_with_its_node(method, jobs, slurm_nodes):
-    job = jobs[f"raise-{method}"]
+@pytest.mark.parametrize("name", heavy_params(["raise-mpirun", "raise-srun"], HEAVY))
+def test_a_rank_raising_on_the_second_node_is_named_with_its_node(name, jobs, slurm_nodes):
+    job = jobs[name]
     assert _ended(slurm_nodes, job) == "FAILED", describe_failure(job.paths)
     assert events(job.paths, "finished")[-1]["status"] == "failed"
     out = cli("diagnose", str(job.paths.root), env=slurm_nodes.env)
@@ -183,9 +191,9 @@ def test_a_rank_raising_on_the_second_node_is_named_with_its_node(method, jobs, 
     assert "InjectedFault" in out.stdout
 
 
-@pytest.mark.parametrize("method", ["mpirun", "srun"])
-def test_a_rank_freezing_on_the_second_node_is_named_and_torn_down(method, jobs, slurm_nodes):
-    job = jobs[f"freeze-{method}"]
+@pytest.mark.parametrize("name", heavy_params(["freeze-mpirun", "freeze-srun"], HEAVY))
+def test_a_rank_freezing_on_the_second_node_is_named_and_torn_down(name, jobs, slurm_nodes):
+    job = jobs[name]
     assert _ended(slurm_nodes, job) == "FAILED", describe_failure(job.paths)
     stalled = events(job.paths, "ranks_stalled")
     second = _two_nodes(job.paths, slurm_nodes)[1]

@@ -23,6 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from hpc_train.spec import load_spec
+from tests.conftest import heavy_params, selected_plan
 from tests.ledger import assert_every_sample_once_in_order, read_ledger
 from tests.runs import cli, describe_failure, events, heartbeat_step, submit, wait_for
 
@@ -41,6 +42,9 @@ PLAN = {
     "ddp-to-4": (SMOKE, "ddp", 4, []),
     "pipeline-to-1-replica": (PIPELINE, "ddp", 2, []),
 }
+# CI's reduced form (the rest with --heavy): Horovod to fewer ranks (keeping the global batch) and
+# to more ranks; DDP's are the same sample arithmetic, the pipeline's its own.
+HEAVY = {"ddp-to-1", "ddp-to-4", "pipeline-to-1-replica"}
 
 
 def _stop_then_resume(slurm_cluster, root, name: str) -> dict:
@@ -76,13 +80,15 @@ def _straight(slurm_cluster, root, spec_file: str) -> dict:
 
 
 @pytest.fixture(scope="module")
-def runs(slurm_cluster, tmp_path_factory):
-    """Every run at once (the node runs what fits); each waits in a thread of its own."""
+def runs(slurm_cluster, tmp_path_factory, request):
+    """Every selected run at once (the node runs what fits), with the uninterrupted run of each
+    spec they use; each waits in a thread of its own."""
     root = tmp_path_factory.mktemp("resize")
-    with ThreadPoolExecutor(max_workers=len(PLAN) + 2) as pool:
-        futures = {name: pool.submit(_stop_then_resume, slurm_cluster, root, name) for name in PLAN}
-        futures.update({spec: pool.submit(_straight, slurm_cluster, root, spec)
-                        for spec in (SMOKE, PIPELINE)})
+    plan = selected_plan(request.config, PLAN, HEAVY)
+    specs = {spec for spec, *_ in plan.values()}
+    with ThreadPoolExecutor(max_workers=len(plan) + len(specs)) as pool:
+        futures = {name: pool.submit(_stop_then_resume, slurm_cluster, root, name) for name in plan}
+        futures.update({spec: pool.submit(_straight, slurm_cluster, root, spec) for spec in specs})
         return {name: future.result(timeout=5400) for name, future in futures.items()}
 
 
@@ -90,7 +96,7 @@ def _lr_by_position(rows: list[dict]) -> dict[int, tuple[float, int]]:
     return {row["position"]: (row["lr"], row["samples_per_step"]) for row in rows}
 
 
-@pytest.mark.parametrize("name", list(PLAN))
+@pytest.mark.parametrize("name", heavy_params(PLAN, HEAVY))
 def test_a_run_resumed_on_another_world_size_trains_every_sample_once_at_its_lr(runs, name):
     run, spec_file = runs[name], PLAN[name][0]
     straight = runs[spec_file]

@@ -13,6 +13,7 @@ import time
 import pytest
 
 from hpc_train.rundir import RunPaths, read_jsonl
+from tests.conftest import heavy_params, selected_plan
 from tests.runs import assert_trained, cli, describe_failure, events, path_without, submit
 
 pytestmark = [pytest.mark.slurm, pytest.mark.mpi, pytest.mark.horovod, pytest.mark.slow]
@@ -28,18 +29,23 @@ VARIANTS = {
 }
 
 
+# With --heavy: DDP's smoke job (DDP trains on Slurm in the node-writes, sharded and multinode
+# tests) and bf16 (the same autocast path as fp16, without its loss scaler).
+HEAVY = {"ddp", "horovod-bf16"}
+
+
 @pytest.fixture(scope="module")
-def submitted(slurm_cluster, tmp_path_factory):
+def submitted(slurm_cluster, tmp_path_factory, request):
     root = tmp_path_factory.mktemp("runs")
     jobs = {}
-    for name, overrides in VARIANTS.items():
+    for name, overrides in selected_plan(request.config, VARIANTS, HEAVY).items():
         job_id, paths = submit("jobs/smoke.yaml", root, f"run.name={name}", *overrides)
         slurm_cluster.job_ids.append(job_id)
         jobs[name] = (job_id, paths)
     return jobs
 
 
-@pytest.mark.parametrize("variant", list(VARIANTS))
+@pytest.mark.parametrize("variant", heavy_params(VARIANTS, HEAVY))
 def test_smoke_job_trains_to_completion(variant, submitted, slurm_cluster):
     job_id, paths = submitted[variant]
     state = slurm_cluster.wait_state(job_id, {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"}, timeout=400)

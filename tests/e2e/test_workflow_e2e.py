@@ -239,6 +239,9 @@ def test_sweep_is_one_array_survives_a_member_requeue_and_evaluates_the_best(slu
     assert stage(status, "evaluate")["metric"] == accuracy[best]
 
 
+# With --heavy: the chores workflow above covers cancel and resume in CI; this one the same with
+# the shipped smoke workflow's real train stage.
+@pytest.mark.heavy
 def test_a_failed_stage_cancels_its_dependents_and_resume_reruns_from_it(slurm_cluster, tmp_path):
     paths = start(slurm_cluster, "run", "workflows/smoke.yaml", "--root", str(tmp_path),
                   "--set", f"train.run.root={tmp_path}", "--set", "train.optim.epochs=1",

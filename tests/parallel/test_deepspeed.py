@@ -211,7 +211,7 @@ def engine_tensors(paths, step: int) -> dict:
 @needs_deepspeed
 @pytest.mark.mpi
 @pytest.mark.slow
-@pytest.mark.parametrize("stage", [1, 3])
+@pytest.mark.parametrize("stage", [pytest.param(1, marks=pytest.mark.heavy), 3])   # CI: ZeRO-3's, the partitioned one
 def test_a_stopped_zero_run_resumes_bit_identical(stage, tmp_path):
     import torch
 
