@@ -17,7 +17,7 @@ from PIL import Image
 from torch.utils.data import DataLoader
 
 from hpc_train.data.sampler import SampleKey
-from hpc_train.data.shard_dataset import ShardedImages, contiguous_runs
+from hpc_train.data.shard_dataset import ShardedImages
 from hpc_train.data.transforms import TrainTransform, ValTransform
 from hpc_train.errors import DataError
 
@@ -199,12 +199,6 @@ def test_getitems_draws_each_key_its_own_augmentation(tmp_path):
     batched = [image for image, _ in ds.__getitems__(keys)]
     assert all(torch.equal(image, ds[key][0]) for image, key in zip(batched, keys))
     assert not torch.equal(batched[1], batched[2]) and not torch.equal(batched[0], batched[4])
-
-
-def test_contiguous_runs_merge_small_gaps():
-    assert contiguous_runs(np.array([1, 2, 3, 7, 8, 20]), max_gap=1) == [(1, 3), (7, 8), (20, 20)]
-    assert contiguous_runs(np.array([1, 2, 3, 7, 8, 20]), max_gap=4) == [(1, 8), (20, 20)]
-    assert contiguous_runs(np.array([], dtype=int), 4) == []
 
 
 def _overwrite_record(split_dir: Path, shard: int, offset: int, data: bytes) -> None:
