@@ -8,8 +8,9 @@ open per process: ImageNet is ~1250 shards, times workers times ranks would exce
 1024-descriptor limit.
 
 Locality: `__getitems__` (used by torch's DataLoader for a whole batch when defined) sorts the
-batch by (shard, offset) and reads each run of near offsets with one slice, then restores the
-requested order.
+batch by (shard, offset), reads each shard's records of it at once (`shard_records`: one pread
+per JPEG record of a format-2 shard, one h5py selection of exactly the wanted rows otherwise),
+then restores the requested order.
 
 Augmentation: a sample's random stream is `sample_rng(seed, epoch, index)`, the epoch coming with
 the index as a `SampleKey` from the training sampler. Nothing per process (worker seeds, which
@@ -31,6 +32,7 @@ from torch.utils.data import Dataset
 from hpc_train.data import manifest as mf
 from hpc_train.data.decode import DECODE_ERRORS, open_encoded
 from hpc_train.data.sampler import SampleKey, as_key
+from hpc_train.data.shard_records import open_records
 from hpc_train.data.transforms import sample_rng
 from hpc_train.errors import DataError
 
@@ -50,16 +52,18 @@ def readable_manifest(split_dir: Path) -> dict:
 
 
 class _Shard:
-    """One open file plus the small per-record arrays read once (labels, shapes)."""
+    """One open file, its records' reader and the small per-record arrays read once (labels,
+    shapes)."""
 
     def __init__(self, path: Path):
         self.path = path
         self.file = h5py.File(path, "r")
-        self.images = self.file["images"]
         self.labels = self.file["labels"][()]
         self.shapes = self.file["shapes"][()]
+        self.records = open_records(self.file, path, len(self.labels))
 
     def close(self) -> None:
+        self.records.close()
         self.file.close()
 
 
@@ -120,7 +124,7 @@ class ShardedImages(Dataset):
             return shard
         try:
             shard = _Shard(self.files[k])
-        except (OSError, KeyError) as exc:
+        except (OSError, KeyError, ValueError) as exc:
             raise DataError(f"{self.files[k]}: cannot open as a shard: {exc}") from None
         self._open[k] = shard
         if len(self._open) > self.max_open:
@@ -148,19 +152,21 @@ class ShardedImages(Dataset):
         key = as_key(key)
         k, offset = self.locate(key.index)
         shard = self._shard(k)
-        return self._sample(shard, k, offset, shard.images[offset], key)
+        [record] = shard.records.read(np.array([offset]))
+        return self._sample(shard, k, offset, record, key)
 
     def record(self, index: int) -> tuple[np.ndarray, int]:
         """The stored record of global `index` as it is (JPEG bytes, or raw pixels) and its label."""
         k, offset = self.locate(index)
         shard = self._shard(k)
-        return np.asarray(shard.images[offset]), int(shard.labels[offset])
+        [record] = shard.records.read(np.array([offset]))
+        return np.asarray(record), int(shard.labels[offset])
 
     def __getitems__(self, keys) -> list:
-        """A batch in the requested order, with one h5py call per shard that selects exactly its
-        records. A batch of the block-shuffled order holds about a quarter of a block's records:
-        slices over runs with small gaps read 1.7x the records needed, and each variable-length
-        record costs about 100 us to read whether used or not (docs/benchmarks.md)."""
+        """A batch in the requested order, each shard's records of it read in one pass in
+        increasing order: exactly those records, never the gaps between them. A batch of the
+        block-shuffled order holds about a quarter of a block's records: slices over runs with
+        small gaps read 1.7x the records needed (docs/benchmarks.md)."""
         keys = [as_key(key) for key in keys]
         located = [self.locate(key.index) for key in keys]
         order = sorted(range(len(located)), key=located.__getitem__)
@@ -175,7 +181,7 @@ class ShardedImages(Dataset):
             offsets = np.array([located[i][1] for i in group])
             shard = self._shard(k)
             wanted = np.unique(offsets)               # h5py selects increasing offsets only
-            records = dict(zip(wanted.tolist(), shard.images[wanted]))
+            records = dict(zip(wanted.tolist(), shard.records.read(wanted)))
             for i, offset in zip(group, offsets.tolist()):
                 out[i] = self._sample(shard, k, offset, records[offset], keys[i])
             pos = end

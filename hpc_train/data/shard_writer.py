@@ -168,12 +168,12 @@ def write_shard(out_dir: Path, index: int, split: str, class_names: list[str],
             f.create_dataset("images", data=data, chunks=(1, s, s, 3) if n else None,
                              track_times=False)
         else:
-            # An object array, filled element-wise (equal lengths would make numpy build a 2-D
-            # array), written in one call at creation (h5py mis-broadcasts a 1-element slice write).
-            blobs = np.empty(n, dtype=object)
-            for i, buf in enumerate(images):
-                blobs[i] = buf
-            f.create_dataset("images", data=blobs, shape=(n,), dtype=h5py.vlen_dtype(np.uint8),
+            # The records one after another, unchunked (HDF5 then stores them as one extent, so
+            # a reader preads a record: shard_records.FlatRecords), and where each one starts.
+            lengths = np.array([len(buf) for buf in images], dtype=np.int64)
+            f.create_dataset("encoded", data=np.concatenate(images) if n else np.zeros(0, np.uint8),
+                             track_times=False)
+            f.create_dataset("offsets", data=np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
                              track_times=False)
         f.create_dataset("labels", data=np.asarray(labels, dtype=np.int64).reshape(n),
                          track_times=False)

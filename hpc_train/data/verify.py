@@ -15,7 +15,7 @@ from hpc_train.errors import DataError
 
 
 def _check_attrs(f, manifest: dict, index: int, entry: dict) -> list[str]:
-    want = {"format_version": mf.FORMAT_VERSION, "encoding": manifest["encoding"],
+    want = {"format_version": manifest["format_version"], "encoding": manifest["encoding"],
             "split": manifest["split"], "num_samples": entry["num_samples"], "shard_index": index}
     problems = []
     for name, value in want.items():
@@ -31,32 +31,57 @@ def _check_attrs(f, manifest: dict, index: int, entry: dict) -> list[str]:
     return problems
 
 
-def _check_datasets(f, manifest: dict, n: int) -> list[str]:
+def _record_datasets(manifest: dict) -> dict[str, int]:
+    """The datasets that hold a shard's records -> rows more than the shard's samples."""
+    if manifest["encoding"] == "jpeg" and manifest["format_version"] >= 2:
+        return {"encoded": None, "offsets": 1}     # encoded: bytes, any length
+    return {"images": 0}
+
+
+def _check_datasets(f, path: Path, manifest: dict, n: int) -> list[str]:
     import numpy as np
-    from PIL import Image
+
+    from hpc_train.data.shard_records import open_records
 
     problems = []
-    for name in ("images", "labels", "keys", "shapes"):
+    for name, extra in {**_record_datasets(manifest), "labels": 0, "keys": 0, "shapes": 0}.items():
         if name not in f:
             problems.append(f"dataset {name} missing")
-        elif f[name].shape[0] != n:
-            problems.append(f"dataset {name} has {f[name].shape[0]} rows, expected {n}")
+        elif extra is not None and f[name].shape[0] != n + extra:
+            problems.append(f"dataset {name} has {f[name].shape[0]} rows, expected {n + extra}")
     if problems:
         return problems
     labels = f["labels"][()]
     if n and (labels.min() < 0 or labels.max() >= len(manifest["class_names"])):
         problems.append(f"labels outside 0..{len(manifest['class_names']) - 1}")
     shapes = f["shapes"][()]
-    images = f["images"]
     if manifest["encoding"] == "raw":
+        images = f["images"]
         size = int(f.attrs.get("raw_size", -1))
         if images.shape[1:] != (size, size, 3) or images.dtype != np.uint8:
             problems.append(f"images shape {images.shape} {images.dtype}, expected "
                             f"(n, {size}, {size}, 3) uint8")
         return problems
+    try:
+        records = open_records(f, path, n)
+    except DataError as exc:
+        return [str(exc).removeprefix(f"{path}: ")]
+    try:
+        return problems + _check_images(f, records, shapes, n)
+    finally:
+        records.close()
+
+
+def _check_images(f, records, shapes, n: int) -> list[str]:
+    """Every JPEG record decodes (Pillow, every pixel) to the RGB size `shapes` gives."""
+    import numpy as np
+    from PIL import Image
+
+    problems = []
     for i in range(n):
         try:
-            img = Image.open(io.BytesIO(images[i].tobytes()))
+            [record] = records.read(np.array([i]))
+            img = Image.open(io.BytesIO(record.tobytes()))
             img.load()
         except Exception as exc:  # noqa: BLE001 - any decoder failure is the finding
             problems.append(f"image {i} ({f['keys'][i].decode()}): does not decode ({exc})")
@@ -89,7 +114,7 @@ def verify_split(split_dir: Path) -> tuple[dict | None, list[str]]:
         try:
             with h5py.File(path, "r") as f:
                 found = _check_attrs(f, manifest, index, entry)
-                found += _check_datasets(f, manifest, entry["num_samples"])
+                found += _check_datasets(f, path, manifest, entry["num_samples"])
         except (OSError, KeyError, ValueError) as exc:
             found = [f"cannot read as HDF5 ({exc})"]
         problems += [f"{path}: {p}" for p in found]

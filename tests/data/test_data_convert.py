@@ -57,10 +57,16 @@ def shard(*args: str) -> int:
 
 
 def read_shard(path: Path) -> dict:
+    """A shard as docs/shard-format.md describes it, read with plain h5py (not our reader)."""
     with h5py.File(path, "r") as f:
+        if f.attrs["encoding"] == "jpeg":
+            encoded, offsets = f["encoded"][()], f["offsets"][()]
+            images = [bytes(encoded[a:b]) for a, b in zip(offsets[:-1], offsets[1:])]
+            layout = {"encoded_chunks": f["encoded"].chunks, "offsets_start": int(offsets[0])}
+        else:
+            images, layout = f["images"][()], {}
         return {"attrs": {k: (v.item() if hasattr(v, "item") else v) for k, v in f.attrs.items()},
-                "images": [bytes(b.tobytes()) for b in f["images"][()]] if f.attrs["encoding"] == "jpeg"
-                else f["images"][()], "labels": f["labels"][()].tolist(),
+                "images": images, "layout": layout, "labels": f["labels"][()].tolist(),
                 "keys": [k.decode() for k in f["keys"][()]], "shapes": f["shapes"][()].tolist(),
                 "dtypes": {n: f[n].dtype for n in f}}
 
@@ -83,7 +89,7 @@ def test_class_folders_match_sources_and_the_format_doc(folders, tmp_path, capsy
     manifest = json.loads((split / "manifest.json").read_text())
     assert {k: manifest[k] for k in ("format_version", "split", "encoding", "num_samples",
                                      "num_skipped", "shard_size", "seed")} == {
-        "format_version": 1, "split": "train", "encoding": "jpeg", "num_samples": 12,
+        "format_version": 2, "split": "train", "encoding": "jpeg", "num_samples": 12,
         "num_skipped": 0, "shard_size": 5, "seed": 0}
     assert manifest["class_names"] == CLASSES
     assert manifest["class_to_index"] == {c: i for i, c in enumerate(CLASSES)}
@@ -96,11 +102,14 @@ def test_class_folders_match_sources_and_the_format_doc(folders, tmp_path, capsy
         assert {k: sidecar[k] for k in entry} == entry  # the sidecar is the manifest entry
         assert entry["bytes"] == (split / entry["file"]).stat().st_size
         s = read_shard(split / entry["file"])
-        assert s["attrs"] == {"format_version": 1, "encoding": "jpeg", "split": "train",
+        assert s["attrs"] == {"format_version": 2, "encoding": "jpeg", "split": "train",
                               "num_samples": len(planned), "class_names": json.dumps(CLASSES),
                               "shard_index": index}
         assert list(zip(s["keys"], s["labels"])) == planned  # doc order: sorted, seeded shuffle
         assert s["dtypes"]["labels"] == np.int64 and s["dtypes"]["shapes"] == np.int32
+        # One unchunked extent (what the reader's pread relies on), offsets from 0 in int64.
+        assert s["layout"] == {"encoded_chunks": None, "offsets_start": 0}
+        assert s["dtypes"]["encoded"] == np.uint8 and s["dtypes"]["offsets"] == np.int64
         for key, data, label, shape in zip(s["keys"], s["images"], s["labels"], s["shapes"]):
             # The original bytes, with restart markers where cropjpeg is built: same pixels.
             assert data == decode.with_restarts(expected[key][0], restart_interval(None))
@@ -125,7 +134,7 @@ def test_h5ls_reads_a_shard(folders, tmp_path):
     shard("--src", src, "--out", tmp_path / "out")
     listing = subprocess.run(["h5ls", "-r", tmp_path / "out/train/shard-00000.h5"],
                              capture_output=True, text=True, check=True).stdout
-    assert all(name in listing for name in ("images", "labels", "keys", "shapes"))
+    assert all(name in listing for name in ("encoded", "offsets", "labels", "keys", "shapes"))
 
 
 LABEL_FILES = {
@@ -264,8 +273,11 @@ def test_shard_whose_images_were_all_skipped_is_valid_and_empty(tmp_path, encodi
     m = json.loads((tmp_path / "out/train/manifest.json").read_text())
     assert sorted(s["num_samples"] for s in m["shards"]) == [0, 1]
     empty = next(s["file"] for s in m["shards"] if s["num_samples"] == 0)
+    records = {"jpeg": ("encoded",), "raw": ("images",)}[encoding]
     with h5py.File(tmp_path / "out/train" / empty) as f:
-        assert all(f[name].shape[0] == 0 for name in ("images", "labels", "keys", "shapes"))
+        assert all(f[name].shape[0] == 0 for name in (*records, "labels", "keys", "shapes"))
+        if encoding == "jpeg":
+            assert f["offsets"][()].tolist() == [0]
     assert main(["data", "verify", str(tmp_path / "out")]) == 0
 
 

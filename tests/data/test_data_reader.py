@@ -30,8 +30,10 @@ def encode_jpeg(pixels: np.ndarray, quality: int = 90) -> bytes:
 
 def write_split(root: Path, split: str, pixels: list[np.ndarray], labels: list[int],
                 counts: list[int], encoding: str = "jpeg", class_names: list[str] | None = None,
-                format_version: int = 1) -> Path:
-    """Shards holding `counts[i]` samples each (0 allowed), then the manifest, as the doc says."""
+                format_version: int = 2, encoded_options: dict | None = None) -> Path:
+    """Shards holding `counts[i]` samples each (0 allowed), then the manifest, as the doc says:
+    JPEG records in `encoded` + `offsets` (format 2; `encoded_options`: h5py's chunks,
+    compression, ...) or one variable-length `images` (format 1)."""
     assert sum(counts) == len(pixels) == len(labels)
     class_names = class_names or [f"c{i}" for i in range(max(labels) + 1)]
     split_dir = root / split
@@ -48,9 +50,8 @@ def write_split(root: Path, split: str, pixels: list[np.ndarray], labels: list[i
                 f.create_dataset("images", data=data.astype(np.uint8), chunks=(1, size, size, 3))
                 f.attrs["raw_size"] = size
             else:
-                ds = f.create_dataset("images", (n,), dtype=h5py.vlen_dtype(np.uint8))
-                for j, i in enumerate(chunk):
-                    ds[j] = np.frombuffer(encode_jpeg(pixels[i]), dtype=np.uint8)
+                _write_records(f, [encode_jpeg(pixels[i]) for i in chunk], format_version,
+                               encoded_options or {})
             f.create_dataset("labels", data=np.array([labels[i] for i in chunk], np.int64))
             f.create_dataset("keys", data=[f"{labels[i]}/img{i}.jpg" for i in chunk], shape=(n,),
                              dtype=h5py.string_dtype("utf-8"))
@@ -69,6 +70,24 @@ def write_split(root: Path, split: str, pixels: list[np.ndarray], labels: list[i
     return split_dir
 
 
+def _write_records(f, records: list[bytes], format_version: int, encoded_options: dict) -> None:
+    if format_version == 1:
+        ds = f.create_dataset("images", (len(records),), dtype=h5py.vlen_dtype(np.uint8))
+        for j, data in enumerate(records):
+            ds[j] = np.frombuffer(data, dtype=np.uint8)
+        return
+    flat = np.frombuffer(b"".join(records), dtype=np.uint8)
+    f.create_dataset("encoded", data=flat, **encoded_options)
+    f.create_dataset("offsets", data=np.cumsum([0] + [len(d) for d in records], dtype=np.int64))
+
+
+def _records(f) -> list[bytes]:
+    if "images" in f:
+        return [bytes(r.tobytes()) for r in f["images"][()]]
+    encoded, offsets = f["encoded"][()], f["offsets"][()]
+    return [bytes(encoded[a:b]) for a, b in zip(offsets[:-1], offsets[1:])]
+
+
 def coded_pixels(i: int, height: int = 24, width: int = 32) -> np.ndarray:
     """A flat colour that survives JPEG: sample i is recognisable after decoding."""
     return np.full((height, width, 3), (i * 9 % 256, i * 5 % 256, 100), np.uint8)
@@ -82,11 +101,12 @@ def sample_id(image: np.ndarray) -> int:
 COUNTS = [5, 0, 3, 4]   # a shard that lost every sample, and a short last shard
 
 
-@pytest.fixture
-def jpeg_dir(tmp_path):
+@pytest.fixture(params=[2, 1], ids=["format2", "format1"])
+def jpeg_dir(tmp_path, request):
+    """Both layouts of JPEG records: what the converter writes now, and the earlier one."""
     n = sum(COUNTS)
     write_split(tmp_path, "train", [coded_pixels(i) for i in range(n)], [i % 3 for i in range(n)],
-                COUNTS)
+                COUNTS, format_version=request.param)
     return tmp_path
 
 
@@ -203,7 +223,13 @@ def test_getitems_draws_each_key_its_own_augmentation(tmp_path):
 
 def _overwrite_record(split_dir: Path, shard: int, offset: int, data: bytes) -> None:
     with h5py.File(split_dir / f"shard-{shard:05d}.h5", "r+") as f:
-        f["images"][offset] = np.frombuffer(data, dtype=np.uint8)
+        records = _records(f)
+        records[offset] = data
+        version = 1 if "images" in f else 2
+        for name in ("images", "encoded", "offsets"):
+            if name in f:
+                del f[name]
+        _write_records(f, records, version, {})
 
 
 def test_corrupt_record_names_the_shard_and_index(jpeg_dir):
@@ -236,11 +262,43 @@ def test_data_error_reaches_the_trainer_from_a_worker(jpeg_dir):
 
 
 def test_unknown_format_version_and_missing_manifest_are_refused(tmp_path):
-    write_split(tmp_path, "train", [coded_pixels(0)], [0], [1], format_version=2)
-    with pytest.raises(DataError, match="format_version 2 is not supported.*reads version 1"):
+    write_split(tmp_path, "train", [coded_pixels(0)], [0], [1], format_version=3)
+    with pytest.raises(DataError, match="format_version 3 is not supported.*reads versions 1 and 2"):
         ShardedImages(tmp_path, "train")
     with pytest.raises(DataError, match="manifest.json is missing"):
         ShardedImages(tmp_path, "val")
+
+
+def test_flat_records_read_by_pread_and_by_slicing_give_the_stored_bytes(tmp_path):
+    n = sum(COUNTS)
+    pixels, labels = [coded_pixels(i) for i in range(n)], [i % 3 for i in range(n)]
+    write_split(tmp_path / "contiguous", "train", pixels, labels, COUNTS)
+    # Chunked and compressed (another tool's writer): HDF5 has no single extent to pread.
+    write_split(tmp_path / "chunked", "train", pixels, labels, COUNTS,
+                encoded_options={"chunks": True, "maxshape": (None,), "compression": "gzip"})
+    for name, preads in (("contiguous", True), ("chunked", False)):
+        ds = ShardedImages(tmp_path / name, "train")
+        order = [11, 3, 5, 0, 4, 8, 9, 1, 7, 3]
+        assert [sample_id(image) for image, _ in ds.__getitems__(order)] == order
+        assert all(ds.record(g)[0].tobytes() == encode_jpeg(pixels[g]) for g in range(n))
+        assert (ds._open[0].records.fd is not None) == preads, name
+
+
+def test_damaged_flat_shards_are_data_errors_naming_the_file(tmp_path):
+    n = sum(COUNTS)
+    split = write_split(tmp_path, "train", [coded_pixels(i) for i in range(n)],
+                        [i % 3 for i in range(n)], COUNTS)
+    with h5py.File(split / "shard-00002.h5", "r+") as f:
+        offsets = f["offsets"][()]
+        f["offsets"][1] = offsets[2] + 1                       # no longer increasing
+    ds = ShardedImages(tmp_path, "train")
+    ds[0]
+    with pytest.raises(DataError, match=r"shard-00002\.h5: offsets do not tile the \d+ bytes"):
+        ds[5]
+    whole = (split / "shard-00003.h5").read_bytes()           # a copy cut short
+    (split / "shard-00003.h5").write_bytes(whole[: len(whole) - 200])
+    with pytest.raises(DataError, match=r"shard-00003\.h5"):
+        ds.__getitems__([8, 9, 10, 11])
 
 
 def test_at_most_max_open_files_stay_open(jpeg_dir):
