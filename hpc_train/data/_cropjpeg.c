@@ -24,6 +24,8 @@
  *       width, 3), given by out's own shape.
  *   with_restarts(data, interval) -> bytes or None: the lossless rewrite with restart markers
  *   intervals(data) -> dict or None: the restart intervals a cut would use
+ *   crop_and_flip(keys, height, width, scale, ratio, flip) -> (top, left, h, w, flipped): a
+ *       sample's RandomResizedCrop box and flip, the numbers numpy draws (_crop_draw.h)
  * Errors (not a JPEG, damaged, truncated, box outside the image) raise ValueError; the GIL is
  * released while libjpeg runs.
  */
@@ -36,6 +38,7 @@
 #include <jpeglib.h>
 #include <jerror.h>
 
+#include "_crop_draw.h"
 #include "_jpeg_intervals.h"
 
 typedef struct {
@@ -393,7 +396,40 @@ static PyObject *intervals(PyObject *self, PyObject *args) {
                          "mcus_per_row", found.mcus_per_row);
 }
 
+static PyObject *crop_and_flip(PyObject *self, PyObject *args) {
+    PyObject *keys, *flip;
+    crop_draw_request r;
+    crop_draw_result out;
+    Py_ssize_t i;
+
+    if (!PyArg_ParseTuple(args, "O!LL(dd)(dd)O", &PyTuple_Type, &keys, &r.height, &r.width,
+                          &r.scale_lo, &r.scale_hi, &r.ratio_lo, &r.ratio_hi, &flip))
+        return NULL;
+    r.count = (int)PyTuple_GET_SIZE(keys);
+    if (r.count < 1 || r.count > CROP_DRAW_MAX_KEYS)
+        return PyErr_Format(PyExc_ValueError, "keys: 1 to %d non-negative integers, got %zd",
+                            CROP_DRAW_MAX_KEYS, PyTuple_GET_SIZE(keys));
+    for (i = 0; i < r.count; i++) {
+        r.keys[i] = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(keys, i));
+        if (PyErr_Occurred())
+            return NULL;     /* negative, not an integer, or 2^64 and above */
+    }
+    r.flip = PyObject_IsTrue(flip);
+    if (r.flip < 0)
+        return NULL;
+    if (!crop_draw(&r, &out))
+        return PyErr_Format(PyExc_ValueError, "image %lldx%lld: sides 1 to 2^32 - 1 expected",
+                            (long long)r.height, (long long)r.width);
+    return Py_BuildValue("(LLLLO)", (long long)out.top, (long long)out.left,
+                         (long long)out.height, (long long)out.width,
+                         out.flip ? Py_True : Py_False);
+}
+
 static PyMethodDef methods[] = {
+    {"crop_and_flip", crop_and_flip, METH_VARARGS,
+     "crop_and_flip((seed, epoch, index), height, width, (scale_lo, scale_hi), (ratio_lo, "
+     "ratio_hi), flip) -> (top, left, crop_height, crop_width, flipped): the box and flip that "
+     "transforms.rrc_params and Generator.random() draw from np.random.default_rng(keys)."},
     {"header", header, METH_VARARGS,
      "header(data) -> (height, width, colorspace, progressive) from the JPEG header."},
     {"decode_into", decode_into, METH_VARARGS,

@@ -21,18 +21,24 @@ import sysconfig
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-SOURCES = (HERE / "_cropjpeg.c", HERE / "_jpeg_intervals.c")
-HEADERS = (HERE / "_jpeg_intervals.h",)
+SOURCES = (HERE / "_cropjpeg.c", HERE / "_jpeg_intervals.c", HERE / "_crop_draw.c")
+HEADERS = (HERE / "_jpeg_intervals.h", HERE / "_crop_draw.h")
 LIBRARY = HERE / ("_cropjpeg" + sysconfig.get_config_var("EXT_SUFFIX"))
 STAMP = LIBRARY.with_name(LIBRARY.name + ".stamp")
+# -ffp-contract=off: no fused multiply-adds, so _crop_draw.c's arithmetic rounds as numpy's
+# does on every CPU (x86-64's baseline has no FMA; aarch64's has, and gcc would fuse there).
+FLAGS = ("-O2", "-ffp-contract=off", "-shared", "-fPIC", "-Wall")
+LIBRARIES = ("-ljpeg", "-lm")
 
 
 def fingerprint() -> str:
-    """What the library was built from: the C sources and the interpreter it links to."""
+    """What the library was built from: the C sources, the interpreter it links to and the
+    compiler's command."""
     digest = hashlib.sha256()
     for path in (*SOURCES, *HEADERS):
         digest.update(path.read_bytes())
     digest.update(sys.version.encode())
+    digest.update(" ".join(FLAGS + LIBRARIES).encode())   # a flag changed: rebuild
     return digest.hexdigest()
 
 
@@ -41,12 +47,12 @@ def up_to_date() -> bool:
 
 
 def compile_command(output: Path) -> list[str]:
-    """gcc (or the interpreter's CC) -O2 -shared, Python's headers, -ljpeg."""
+    """gcc (or the interpreter's CC) with FLAGS, Python's headers, -ljpeg -lm."""
     compiler = (sysconfig.get_config_var("CC") or "cc").split()[0]
     if shutil.which(compiler) is None:
         compiler = "cc"
-    return [compiler, "-O2", "-shared", "-fPIC", "-Wall", f"-I{sysconfig.get_paths()['include']}",
-            *map(str, SOURCES), "-o", str(output), "-ljpeg"]
+    return [compiler, *FLAGS, f"-I{sysconfig.get_paths()['include']}", *map(str, SOURCES), "-o",
+            str(output), *LIBRARIES]
 
 
 def build(force: bool = False) -> tuple[bool, str]:

@@ -12,7 +12,7 @@ batch by (shard, offset), reads each shard's records of it at once (`shard_recor
 per JPEG record of a format-2 shard, one h5py selection of exactly the wanted rows otherwise),
 then restores the requested order.
 
-Augmentation: a sample's random stream is `sample_rng(seed, epoch, index)`, the epoch coming with
+Augmentation: a sample's random stream is `SampleStream(seed, epoch, index)`, the epoch coming with
 the index as a `SampleKey` from the training sampler. Nothing per process (worker seeds, which
 no checkpoint holds) goes in, so a resumed run draws the same crops for the same samples.
 """
@@ -33,7 +33,7 @@ from hpc_train.data import manifest as mf
 from hpc_train.data.decode import DECODE_ERRORS, open_encoded
 from hpc_train.data.sampler import SampleKey, as_key
 from hpc_train.data.shard_records import open_records
-from hpc_train.data.transforms import sample_rng
+from hpc_train.data.transforms import SampleStream
 from hpc_train.errors import DataError
 
 
@@ -75,8 +75,8 @@ class ShardedImages(Dataset):
     it, at the scale its geometry allows) or a uint8 HxWx3 array (raw), e.g. TrainTransform /
     ValTransform; None returns the uint8 HxWx3 array itself.
     `decoder`: 'simplejpeg' or 'pillow'; None = the fastest installed (decode.jpeg_decoder).
-    rng is `sample_rng(seed, epoch, index)`: `seed` is the run's, so runs with other seeds crop
-    differently.
+    rng is `SampleStream(seed, epoch, index)` (its `generator()` is `sample_rng(seed, epoch,
+    index)`): `seed` is the run's, so runs with other seeds crop differently.
     """
 
     def __init__(self, root: str | os.PathLike, split: str = "train", transform=None, *,
@@ -196,7 +196,7 @@ class ShardedImages(Dataset):
                               f"{tuple(shard.shapes[offset])}")
             if self.transform is None:
                 return image, label
-            return self.transform(image, sample_rng(self.seed, *key)), label
+            return self.transform(image, SampleStream(self.seed, *key)), label
         try:
             image = open_encoded(record, self.decoder)
         except DECODE_ERRORS as exc:
@@ -209,7 +209,7 @@ class ShardedImages(Dataset):
             # The transform decodes (a truncated record fails here), at the scale it needs.
             if self.transform is None:
                 return image.pixels(), label
-            return self.transform(image, sample_rng(self.seed, *key)), label
+            return self.transform(image, SampleStream(self.seed, *key)), label
         except DECODE_ERRORS as exc:
             self._corrupt(k, offset, f"cannot decode: {type(exc).__name__}: {exc}")
 

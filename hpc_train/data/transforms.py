@@ -11,9 +11,11 @@ pixels as a full decode. Crop and resize are one
 pixels: torch's SIMD (AVX2) uint8 kernel, ~4x faster than Pillow's resize and equal to it
 within rounding (tests/data/test_decode_path.py states the tolerance).
 
-Randomness comes from the `np.random.Generator` the caller passes: a transform is a pure
-function of (image, generator state), which is what the tests rely on. Datasets pass
-`sample_rng(seed, epoch, index)`, so a sample's crop and flip depend on nothing else. Inputs are
+Randomness comes from the stream the caller passes, an `np.random.Generator` or a `SampleStream`
+(seed, epoch, index): a transform is a pure function of (image, stream state), which is what the
+tests rely on. Datasets pass `SampleStream(seed, epoch, index)`, so a sample's crop and flip
+depend on nothing else; its draws are `sample_rng(seed, epoch, index)`'s, made by the crop-region
+extension where it is built (the same numbers, `crop_and_flip`). Inputs are
 `decode.Encoded` (JPEG bytes, decoded here), uint8 HWC numpy arrays (raw shards) or RGB PIL images.
 Outputs are uint8 CHW (normalize=False: the rank normalises on its device, train/data.py DeviceInputs)
 or normalised float32 CHW; both use the same x * a + b arithmetic, so they agree bit for bit on CPU.
@@ -22,12 +24,18 @@ or normalised float32 CHW; both use the same x * a + b arithmetic, so they agree
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 from PIL import Image
 
 from hpc_train.data.decode import Encoded, largest_reduction
+
+try:  # optional, built by env/setup.sh: the draws of rrc_params and the flip, the same numbers
+    from hpc_train.data._cropjpeg import crop_and_flip as _crop_and_flip_in_c
+except ImportError:  # pragma: no cover - depends on the environment
+    _crop_and_flip_in_c = None
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -42,6 +50,35 @@ def sample_rng(seed: int, epoch: int, index: int) -> np.random.Generator:
     A fresh Generator per sample costs ~15 us, against milliseconds of JPEG decode.
     """
     return np.random.default_rng([seed, epoch, index])
+
+
+@dataclass(frozen=True)
+class SampleStream:
+    """The augmentation stream of one sample, `sample_rng(seed, epoch, index)`, not made yet: a
+    training sample's whole use of it (`crop_and_flip`) is drawn without a Generator where the
+    extension is built. `generator()` makes the Generator, for any other draw."""
+    seed: int
+    epoch: int
+    index: int
+
+    def generator(self) -> np.random.Generator:
+        return sample_rng(self.seed, self.epoch, self.index)
+
+
+def crop_and_flip(stream: np.random.Generator | SampleStream, height: int, width: int,
+                  scale: tuple[float, float], ratio: tuple[float, float],
+                  flip: bool) -> tuple[int, int, int, int, bool]:
+    """(top, left, crop height, crop width, flipped): `rrc_params`, then `random() < 0.5` when
+    `flip`, from the stream. A SampleStream's come from the extension where it is built: the
+    numbers numpy draws (tests/data/test_crop_draw.py), at about 1 us instead of the ~70 us a
+    Generator and its draws cost in a decode worker."""
+    if isinstance(stream, SampleStream):
+        if _crop_and_flip_in_c is not None:
+            return _crop_and_flip_in_c((stream.seed, stream.epoch, stream.index), height, width,
+                                       scale, ratio, flip)
+        stream = stream.generator()
+    top, left, h, w = rrc_params(height, width, stream, scale, ratio)
+    return top, left, h, w, bool(flip and stream.random() < 0.5)
 
 
 def rrc_params(height: int, width: int, rng: np.random.Generator,
@@ -206,10 +243,9 @@ class TrainTransform(_Transform):
         super().__init__(size, mean, std, draft, normalize)
         self.scale, self.ratio, self.flip = tuple(scale), tuple(ratio), flip
 
-    def __call__(self, image, rng: np.random.Generator) -> torch.Tensor:
+    def __call__(self, image, rng: np.random.Generator | SampleStream) -> torch.Tensor:
         height, width = _size(image)
-        top, left, h, w = rrc_params(height, width, rng, self.scale, self.ratio)
-        flip = self.flip and rng.random() < 0.5
+        top, left, h, w, flip = crop_and_flip(rng, height, width, self.scale, self.ratio, self.flip)
         reduce = self._reduction(image, min(h, w), self.size)
         if isinstance(image, Encoded) and image.decodes_regions:
             out = _decode_box(image, (left, top, left + w, top + h), reduce, self.size)
@@ -259,7 +295,7 @@ class ValTransform(_Transform):
         super().__init__(size, mean, std, draft, normalize)
         self.crop_fraction = crop_fraction
 
-    def __call__(self, image, rng: np.random.Generator | None = None) -> torch.Tensor:
+    def __call__(self, image, rng: np.random.Generator | SampleStream | None = None) -> torch.Tensor:
         height, width = _size(image)
         new_h, new_w, top, left = val_geometry(height, width, self.size, self.crop_fraction)
         reduce = self._reduction(image, min(height, width), min(new_h, new_w))
