@@ -40,8 +40,8 @@ from hpc_train.data import decode
 from hpc_train.data.sampler import block_order
 from hpc_train.data.shard_dataset import ShardedImages
 from hpc_train.data.sources import IMAGE_EXTENSIONS
-from hpc_train.data.transforms import (IMAGENET_MEAN, IMAGENET_STD, TrainTransform, ValTransform,
-                                       rrc_params, sample_rng, val_geometry)
+from hpc_train.data.transforms import (IMAGENET_MEAN, IMAGENET_STD, SampleStream, TrainTransform,
+                                       ValTransform, rrc_params, val_geometry)
 from hpc_train.errors import DataError
 from hpc_train.inspection.text import print_table
 from hpc_train.train.timing import Stopwatch, medians
@@ -103,11 +103,12 @@ class _Decoded(Dataset):
         raise NotImplementedError
 
     def __getitem__(self, index: int):
-        data, rng = self._bytes(index), sample_rng(0, 0, index)
+        data, stream = self._bytes(index), SampleStream(0, 0, index)
         if self.recipe is not None:
             image = Image.open(io.BytesIO(data)).convert("RGB")    # ImageFolder's pil_loader
-            return self.recipe(image, rng), self.labels[index]
-        return self.transform(decode.open_encoded(data), rng), self.labels[index]
+            return self.recipe(image, stream.generator()), self.labels[index]
+        # The stream as ShardedImages passes it: the same draws, made the same way.
+        return self.transform(decode.open_encoded(data), stream), self.labels[index]
 
 
 class FolderImages(_Decoded):

@@ -15,7 +15,7 @@ from hpc_train.rundir import parse_json
 
 FORMAT_VERSION = 2   # what the converter writes
 # 1: JPEG records as one variable-length `images` dataset (HDF5 reads each element through its
-# global heap: ~90 us a record, against ~20 us for version 2's pread of `encoded`). Still read.
+# global heap: ~90 us a record, against a view of the mapped file for version 2's `encoded`). Still read.
 READABLE_VERSIONS = (1, 2)
 MANIFEST = "manifest.json"
 REPORT = "report.json"

@@ -8,8 +8,8 @@ open per process: ImageNet is ~1250 shards, times workers times ranks would exce
 1024-descriptor limit.
 
 Locality: `__getitems__` (used by torch's DataLoader for a whole batch when defined) sorts the
-batch by (shard, offset), reads each shard's records of it at once (`shard_records`: one pread
-per JPEG record of a format-2 shard, one h5py selection of exactly the wanted rows otherwise),
+batch by (shard, offset), reads each shard's records of it at once (`shard_records`: a view of the
+mapped file per JPEG record of a format-2 shard, one h5py selection of exactly the wanted rows otherwise),
 then restores the requested order.
 
 Augmentation: a sample's random stream is `SampleStream(seed, epoch, index)`, the epoch coming with

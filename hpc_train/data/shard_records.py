@@ -3,10 +3,11 @@
 Two layouts hold the records:
 - `FlatRecords` (format 2, JPEG): every record's bytes one after another in the 1-D uint8
   dataset `encoded`, record i at `offsets[i]:offsets[i + 1]`. HDF5 stores an unchunked,
-  uncompressed dataset as one contiguous extent of the file, so a record is one `pread` of its
-  bytes at `encoded`'s file offset plus `offsets[i]`: about 20 us for a 110 KB photo, against
-  about 90 us for the same record as a variable-length element, which HDF5 reads through its
-  global heap (measured: docs/benchmarks.md). A dataset stored otherwise is read by slicing.
+  uncompressed dataset as one contiguous extent of the file, so the file is mapped read-only and
+  a record is a view of its bytes at `encoded`'s file offset plus `offsets[i]`: no copy and no
+  system call, where HDF5 reads a variable-length element through its global heap (about 90 us
+  for a 110 KB photo; a pread of it, about 20 us; measured: docs/benchmarks.md). A dataset
+  stored otherwise is read by slicing.
 - `RowRecords` (raw pixels, and format 1 JPEG): one row of `images` per record, read with one
   h5py selection of exactly the wanted rows.
 
@@ -16,7 +17,7 @@ DataError naming the file) and raise DataError for a record the file is too shor
 
 from __future__ import annotations
 
-import os
+import mmap
 from pathlib import Path
 from typing import Protocol
 
@@ -69,26 +70,32 @@ class FlatRecords:
         self.offsets = checked_offsets(file["offsets"][()], rows, self.encoded.shape[0], path)
         # None where HDF5 did not store the bytes as one extent (chunked, compressed, empty).
         self.start = self.encoded.id.get_offset()
-        self.fd = None if self.start is None else os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        self.mapped = None
+        if self.start is not None:
+            with open(path, "rb") as f:
+                self.mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
 
     def read(self, offsets: np.ndarray) -> list[np.ndarray]:
         return [self._record(int(i)) for i in offsets]
 
     def _record(self, i: int) -> np.ndarray:
         begin, end = int(self.offsets[i]), int(self.offsets[i + 1])
-        if self.fd is None:
+        if self.mapped is None:
             return self.encoded[begin:end]
-        record = np.empty(end - begin, np.uint8)
-        got = os.preadv(self.fd, [record], self.start + begin)
-        if got != end - begin:
-            raise DataError(f"{self.path} record {i}: the file ends {end - begin - got} bytes "
-                            "into it (truncated copy?)")
-        return record
+        first, last = self.start + begin, self.start + end
+        if last > len(self.mapped):
+            raise DataError(f"{self.path} record {i}: the file ends {last - len(self.mapped)} "
+                            "bytes before the record does (truncated copy?)")
+        # A view of the page cache: no copy, no system call (the decoder reads it in place).
+        return np.frombuffer(self.mapped, np.uint8, end - begin, first)
 
     def close(self) -> None:
-        if self.fd is not None:
-            os.close(self.fd)
-            self.fd = None
+        if self.mapped is not None:
+            try:
+                self.mapped.close()
+            except BufferError:     # a record still viewed: the map closes with its last view
+                pass
+            self.mapped = None
 
 
 def open_records(file, path: Path, rows: int) -> Records:

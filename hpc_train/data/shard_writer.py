@@ -169,7 +169,7 @@ def write_shard(out_dir: Path, index: int, split: str, class_names: list[str],
                              track_times=False)
         else:
             # The records one after another, unchunked (HDF5 then stores them as one extent, so
-            # a reader preads a record: shard_records.FlatRecords), and where each one starts.
+            # a reader maps the file and views a record: shard_records.FlatRecords), and where each one starts.
             lengths = np.array([len(buf) for buf in images], dtype=np.int64)
             f.create_dataset("encoded", data=np.concatenate(images) if n else np.zeros(0, np.uint8),
                              track_times=False)

@@ -107,7 +107,7 @@ def test_class_folders_match_sources_and_the_format_doc(folders, tmp_path, capsy
                               "shard_index": index}
         assert list(zip(s["keys"], s["labels"])) == planned  # doc order: sorted, seeded shuffle
         assert s["dtypes"]["labels"] == np.int64 and s["dtypes"]["shapes"] == np.int32
-        # One unchunked extent (what the reader's pread relies on), offsets from 0 in int64.
+        # One unchunked extent (what the reader's mapped view relies on), offsets from 0 in int64.
         assert s["layout"] == {"encoded_chunks": None, "offsets_start": 0}
         assert s["dtypes"]["encoded"] == np.uint8 and s["dtypes"]["offsets"] == np.int64
         for key, data, label, shape in zip(s["keys"], s["images"], s["labels"], s["shapes"]):

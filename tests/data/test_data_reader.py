@@ -269,19 +269,19 @@ def test_unknown_format_version_and_missing_manifest_are_refused(tmp_path):
         ShardedImages(tmp_path, "val")
 
 
-def test_flat_records_read_by_pread_and_by_slicing_give_the_stored_bytes(tmp_path):
+def test_flat_records_read_from_the_mapped_file_and_by_slicing_give_the_stored_bytes(tmp_path):
     n = sum(COUNTS)
     pixels, labels = [coded_pixels(i) for i in range(n)], [i % 3 for i in range(n)]
     write_split(tmp_path / "contiguous", "train", pixels, labels, COUNTS)
-    # Chunked and compressed (another tool's writer): HDF5 has no single extent to pread.
+    # Chunked and compressed (another tool's writer): HDF5 has no single extent to map.
     write_split(tmp_path / "chunked", "train", pixels, labels, COUNTS,
                 encoded_options={"chunks": True, "maxshape": (None,), "compression": "gzip"})
-    for name, preads in (("contiguous", True), ("chunked", False)):
+    for name, maps in (("contiguous", True), ("chunked", False)):
         ds = ShardedImages(tmp_path / name, "train")
         order = [11, 3, 5, 0, 4, 8, 9, 1, 7, 3]
         assert [sample_id(image) for image, _ in ds.__getitems__(order)] == order
         assert all(ds.record(g)[0].tobytes() == encode_jpeg(pixels[g]) for g in range(n))
-        assert (ds._open[0].records.fd is not None) == preads, name
+        assert (ds._open[0].records.mapped is not None) == maps, name
 
 
 def test_damaged_flat_shards_are_data_errors_naming_the_file(tmp_path):
