@@ -255,7 +255,8 @@ def run_ranks(paths: RunPaths, spec: JobSpec, environ, forwarder: StopForwarder,
         events.try_record(paths, events.node_lost(list(fault.nodes), fault.why))
     # process_time: every thread of this process (the watchdog's included), not the ranks.
     ended = Ended(returncode, round(time.time() - started, 1), stall.why if stall else None,
-                  forwarder.reason, fault, time.process_time() - cpu_before)
+                  forwarder.reason, fault, time.process_time() - cpu_before,
+                  stall_during_start=bool(stall and stall.during_start))
     decision = conclude(paths, spec, environ, started, launch, ended)
     log.info("ranks exited %d: %s (%s)", returncode, decision.action, decision.reason)
     return decision, ended

@@ -34,6 +34,7 @@ class Ended:
     signal: str | None = None
     node_fault: NodeFault | None = None    # the ranks ended because a node died
     driver_cpu_seconds: float | None = None  # the driver's CPU time while the ranks ran
+    stall_during_start: bool = False   # the stall: a stop came while every rank still started
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,10 @@ def decide(ended: Ended, stop_reason: str | None, budget: Budget) -> Decision:
     """
     if ended.node_fault is not None and ended.signal is None:
         return _after_node_fault(ended.node_fault, budget)
+    if ended.stall is not None and ended.stall_during_start and ended.signal is not None:
+        # Ended before their first step: nothing trained since the checkpoint they resume from.
+        return _after_stop(f"{stop_reason or ended.signal} (the ranks were still starting and "
+                           f"were ended: {ended.stall})", events.CAUSE_INTERRUPTED, budget)
     if ended.stall is not None:
         return _after_failure(f"stall: {ended.stall}", events.CAUSE_STALL, budget,
                               in_job=ended.signal is None)
@@ -80,13 +85,18 @@ def decide(ended: Ended, stop_reason: str | None, budget: Budget) -> Decision:
         if ended.returncode != STOP_EXIT:
             reason += f" (the ranks were ended by it, exit {ended.returncode})"
             cause = events.CAUSE_INTERRUPTED
-        if not budget.can_requeue:
-            return Decision("stopped", f"{reason}; not running under Slurm, so not requeued")
-        if budget.requeues >= budget.max_requeues:
-            return Decision("stopped", f"{reason}; checkpoint.max_requeues={budget.max_requeues} reached")
-        return Decision("requeue", reason, cause)
+        return _after_stop(reason, cause, budget)
     return _after_failure(f"ranks failed (mpirun exit {ended.returncode})", events.CAUSE_FAILURE,
                           budget, in_job=True)
+
+
+def _after_stop(reason: str, cause: str, budget: Budget) -> Decision:
+    """A stop (saved, or the ranks ended by it): a requeue while checkpoint.max_requeues allows."""
+    if not budget.can_requeue:
+        return Decision("stopped", f"{reason}; not running under Slurm, so not requeued")
+    if budget.requeues >= budget.max_requeues:
+        return Decision("stopped", f"{reason}; checkpoint.max_requeues={budget.max_requeues} reached")
+    return Decision("requeue", reason, cause)
 
 
 def _after_node_fault(fault: NodeFault, budget: Budget) -> Decision:

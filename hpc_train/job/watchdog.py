@@ -15,7 +15,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 # The heartbeat format's reader lives next to its writer; re-exported for the driver.
-from hpc_train.runtime.heartbeat import STEP_PHASES, Beat, parse_beat, read_beats, silent_after
+from hpc_train.runtime.heartbeat import (START_PHASES, STEP_PHASES, Beat, parse_beat, read_beats,
+                                         silent_after)
 
 __all__ = ["Beat", "Stall", "StalledRank", "culprits", "find_stall", "parse_beat",
            "process_state", "read_beats", "silent_after", "stop_ignored"]
@@ -38,6 +39,8 @@ class Stall:
     why: str
     idle_seconds: float
     ranks: tuple[StalledRank, ...]
+    # Every rank still starting (or not beating yet): none has trained a step in this start.
+    during_start: bool = False
 
     def ranks_json(self) -> list[dict]:
         return [asdict(r) for r in self.ranks]
@@ -90,12 +93,17 @@ def culprits(beats: dict[int, Beat], world_size: int, now: float, interval: floa
 def stop_ignored(beats: dict[int, Beat], world_size: int, now: float, signalled_at: float,
                  grace: float, interval: float, launched: float) -> Stall | None:
     """A forwarded stop that the ranks have not obeyed (exited) within `grace` seconds. Judged
-    no sooner than two beats after the stop, so every live rank's beat says where it waits."""
+    no sooner than two beats after the stop, so every live rank's beat says where it waits.
+    A stop can come while the ranks still start (Slurm sends --signal up to a minute early, and
+    a loaded node takes 20 s to start them): they only stop at a step boundary."""
     waited = now - signalled_at
     if waited < max(grace, 2 * interval):
         return None
-    return Stall(f"the ranks did not stop within {grace:g} s of the forwarded stop", waited,
-                 culprits(beats, world_size, now, interval, launched))
+    starting = all(r not in beats or beats[r].phase in START_PHASES for r in range(world_size))
+    why = f"the ranks did not stop within {grace:g} s of the forwarded stop"
+    if starting:
+        why += " (they were still starting)"
+    return Stall(why, waited, culprits(beats, world_size, now, interval, launched), starting)
 
 
 def process_state(pid: int | None, proc: Path = Path("/proc")) -> str | None:

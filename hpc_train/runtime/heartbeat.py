@@ -69,6 +69,9 @@ class Phase(str, Enum):
 # steps (logged loss, stop agreement, evaluation totals). A rank in an earlier phase of the same
 # step than the others is the one they wait for. They change several times a step: in memory only.
 STEP_PHASES = (Phase.DATA, Phase.TRAIN, Phase.SYNC)
+# The phases before a start's first step: a rank in them has trained nothing since the checkpoint
+# it resumes from, so ending it loses nothing (a stop that comes while the ranks still start).
+START_PHASES = (Phase.STARTING, Phase.NETWORK, Phase.COPYING, Phase.BUILDING, Phase.RESUMING)
 # `launch.stall_seconds: auto`: the phases whose silences a step's bound covers (an evaluation
 # batch is shorter than a step; a save's end is a moment); a save has its own; any other phase
 # (start-up, resuming) gets AUTO_START_SECONDS.

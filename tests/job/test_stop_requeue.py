@@ -48,10 +48,11 @@ DEAD = NodeFault(("hpcn2",), "mpirun lost its daemon on hpcn2")
 
 
 def _decide(returncode: int, stall: str | None = None, signal: str | None = None,
-            stop_reason: str | None = "SIGUSR2", node: NodeFault | None = None, **budget):
+            stop_reason: str | None = "SIGUSR2", node: NodeFault | None = None,
+            starting: bool = False, **budget):
     """decide() from one flat row of a table: how the ranks ended, and the budget."""
-    return decide(Ended(returncode, 1.0, stall, signal, node), stop_reason,
-                  Budget(**{**BASE, **budget}))
+    return decide(Ended(returncode, 1.0, stall, signal, node, stall_during_start=starting),
+                  stop_reason, Budget(**{**BASE, **budget}))
 
 
 @pytest.mark.parametrize("returncode, changes, action", [
@@ -78,6 +79,11 @@ def _decide(returncode: int, stall: str | None = None, signal: str | None = None
     (STOP_EXIT, {"max_restarts_in_job": 2}, "requeue"),
     (1, {"signal": "SIGTERM", "max_restarts_in_job": 2}, "requeue"),
     (STOP_EXIT, {"stall": "stop ignored", "signal": "SIGUSR2", "max_restarts_in_job": 2}, "failed"),
+    # A stop that came while the ranks still started: they had trained nothing since the
+    # checkpoint they resume from, so it is an interruption (max_requeues), not a failure
+    (1, {"stall": "stop ignored", "signal": "SIGUSR2", "starting": True}, "requeue"),
+    (1, {"stall": "stop ignored", "signal": "SIGUSR2", "starting": True, "requeues": 3}, "stopped"),
+    (1, {"stall": "no rank progressed", "starting": True}, "failed"),   # no stop: a real stall
     # A dead node: never restarted in the job (it needs the node), requeued on its own budget
     (205, {"node": DEAD, "max_restarts_in_job": 2, "max_node_failures": 1}, "requeue"),
     (205, {"node": DEAD, "max_node_failures": 1, "failed_runs": 5, "retries_on_failure": 1}, "requeue"),
@@ -105,6 +111,8 @@ def test_decide(returncode, changes, action):
     (0, {"stall": "x", "max_restarts_in_job": 1}, events.CAUSE_STALL),
     (205, {"node": DEAD, "max_node_failures": 1}, events.CAUSE_NODE),
     (205, {"node": DEAD, "signal": "SIGTERM", "max_node_failures": 1}, events.CAUSE_INTERRUPTED),
+    (1, {"stall": "x", "signal": "SIGUSR2", "starting": True, "retries_on_failure": 1},
+     events.CAUSE_INTERRUPTED),
 ])
 def test_requeues_and_restarts_say_why_and_failures_are_counted_by_cause(returncode, changes, cause):
     decision = _decide(returncode, **changes)

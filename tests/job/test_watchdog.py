@@ -61,6 +61,20 @@ def test_a_stop_not_obeyed_within_the_grace_period():
     assert stop_ignored(beats, 1, 1109.0, 1100.0, 10.0, INTERVAL, LAUNCH) is None
     stall = stop_ignored(beats, 1, 1110.0, 1100.0, 10.0, INTERVAL, LAUNCH)
     assert "did not stop within 10 s" in stall.why
+    assert not stall.during_start
+
+
+@pytest.mark.parametrize("phases, during_start", [
+    ({0: "starting", 1: "resuming"}, True),
+    ({0: "network"}, True),                 # rank 1 has not beaten yet: still importing
+    ({0: "starting", 1: "data"}, False),    # one rank is in its first step
+    ({0: "checkpoint", 1: "checkpoint"}, False),
+])
+def test_a_stop_ignored_while_every_rank_still_starts_says_so(phases, during_start):
+    beats = {r: beat(r, 0, 1100.0, 1110.0, phase) for r, phase in phases.items()}
+    stall = stop_ignored(beats, 2, 1120.0, 1100.0, 15.0, INTERVAL, LAUNCH)
+    assert stall.during_start is during_start
+    assert ("still starting" in stall.why) is during_start
 
 
 def test_beats_of_an_earlier_run_are_ignored(tmp_path):
