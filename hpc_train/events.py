@@ -148,9 +148,13 @@ def data_copied(host: str, root: str, local: bool, copied: int, kept: int, repla
             "note": note}
 
 
-def ranks_stalled(why: str, ranks: list[dict], idle_seconds: float) -> dict:
-    """ranks: one dict per stalled rank: rank, host, pid, step, phase, idle_seconds, state."""
-    return {"event": RANKS_STALLED, "why": why, "ranks": ranks, "idle_seconds": idle_seconds}
+def ranks_stalled(why: str, ranks: list[dict], idle_seconds: float,
+                  standing: str = "training") -> dict:
+    """ranks: one dict per stalled rank: rank, host, pid, step, phase, idle_seconds, state.
+    standing: where they stood when ended (job/watchdog.py: Standing): "training" a failure,
+    "starting" or "exiting" after a stop that came too early for them or that they had saved."""
+    return {"event": RANKS_STALLED, "why": why, "ranks": ranks, "idle_seconds": idle_seconds,
+            "standing": standing}
 
 
 def straggler(message: str, **measured) -> dict:

@@ -11,8 +11,10 @@ A run whose ranks stopped on purpose (`stop_saved`, or mpirun reporting STOP_EXI
 `stop` says why, at which step, and how the run ended. A run the driver's watchdog found stuck
 (`ranks_stalled`) is diagnosed as a stall first: the ranks it named, their process state and the
 stacks each stuck rank dumped to its log; mpirun's report of the teardown and a time limit hit
-afterwards are consequences. While a run is still RUNNING and no rank raised, a rank held up now
-is named from the heartbeats by the same rule as `status` (health.py).
+afterwards are consequences. Ranks it ended after a stop that came before they trained, or that
+they had saved and were exiting from (its `standing`), stopped: that is the diagnosis. While a
+run is still RUNNING and no rank raised, a rank held up now is named from the heartbeats by the
+same rule as `status` (health.py).
 """
 
 from __future__ import annotations
@@ -134,6 +136,7 @@ def recorded_stall(window: list[dict], lines: dict[int, list[Line]], begin: floa
         if isinstance(rank.get("idle_seconds"), (int, float)) and begin and found.get("time"):
             rank["idle_seconds"] = round(min(rank["idle_seconds"], found["time"] - begin), 1)
     return {"source": "driver", "time": found.get("time"), "why": found.get("why", "?"),
+            "standing": str(found.get("standing", "training")),
             "idle_seconds": found.get("idle_seconds"), "ranks": ranks,
             "ending": events.ending_words(end), "detail": end.get("reason") if end else None,
             "was_requeued": events.was_requeued(end), "restarted": events.was_restarted(end),
@@ -222,6 +225,12 @@ def diagnose(paths: RunPaths, run: int | None = None, slurm: Job | None = None,
     driver = list(_driver_lines(paths, job_id))
     ended = next((e for e in rank_exits(driver) if _exit_in_run(e, starts, index)), None)
     stall = recorded_stall(window, lines, begin)
+    torn_down = stall is not None           # by the driver's watchdog
+    torn_down_at = stall["time"] if torn_down else None
+    if stall is not None and stall["standing"] != "training":
+        # Ended after a stop that came too early for them to obey, or that they had saved and
+        # were exiting from (job/watchdog.py: Standing): part of the stop, not a stall.
+        stall = None
     running = (slurm.state if slurm else events.state(history)) == "RUNNING"
     raised = any(per_rank.values())     # a rank that raised explains more than the heartbeats
     if (stall is None and running and not raised and starts and index == len(starts) - 1
@@ -229,9 +238,9 @@ def diagnose(paths: RunPaths, run: int | None = None, slurm: Job | None = None,
         clock = time.time() if now is None else now
         stall = live_stall(heartbeat.read_beats(paths.heartbeat, starts[-1]), history, clock, lines)
     stop = stop_summary(window, ended)
-    if stall is not None and stall["source"] == "driver":
+    if torn_down:
         # The teardown ends the ranks: mpirun's report and later tracebacks are its doing.
-        traced, silent = first_failure(per_rank, before=stall["time"] or float("inf")), None
+        traced, silent = first_failure(per_rank, before=torn_down_at or float("inf")), None
     else:
         traced = first_failure(per_rank)
         silent = None if stop else silent_failure(per_rank, ended, lines)

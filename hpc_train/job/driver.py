@@ -28,6 +28,7 @@ from hpc_train.errors import LaunchError, SpecError
 from hpc_train.job.node_fault import NodeFault, node_fault
 from hpc_train.job.requeue import Budget, Decision, Ended, decide, ending_status, requeue_path
 from hpc_train.job.supervise import LauncherOutput, StopForwarder, Watch, supervise
+from hpc_train.job.watchdog import Standing
 from hpc_train.launch.allocation import (Allocation, allocation_from_slurm, local_allocation,
                                          training_hosts)
 from hpc_train.launch.argv import LaunchPlan, inherited, launch_argv, launcher_env
@@ -256,7 +257,7 @@ def run_ranks(paths: RunPaths, spec: JobSpec, environ, forwarder: StopForwarder,
     # process_time: every thread of this process (the watchdog's included), not the ranks.
     ended = Ended(returncode, round(time.time() - started, 1), stall.why if stall else None,
                   forwarder.reason, fault, time.process_time() - cpu_before,
-                  stall_during_start=bool(stall and stall.during_start))
+                  stall_standing=stall.standing if stall else Standing.TRAINING)
     decision = conclude(paths, spec, environ, started, launch, ended)
     log.info("ranks exited %d: %s (%s)", returncode, decision.action, decision.reason)
     return decision, ended

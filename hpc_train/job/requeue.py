@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from hpc_train import events
 from hpc_train.job.node_fault import NodeFault
+from hpc_train.job.watchdog import Standing
 from hpc_train.runtime.stop import STOP_EXIT
 from hpc_train.scheduler import Job
 
@@ -34,7 +35,7 @@ class Ended:
     signal: str | None = None
     node_fault: NodeFault | None = None    # the ranks ended because a node died
     driver_cpu_seconds: float | None = None  # the driver's CPU time while the ranks ran
-    stall_during_start: bool = False   # the stall: a stop came while every rank still started
+    stall_standing: Standing = Standing.TRAINING   # where the stalled ranks stood (watchdog.py)
 
 
 @dataclass(frozen=True)
@@ -70,10 +71,15 @@ def decide(ended: Ended, stop_reason: str | None, budget: Budget) -> Decision:
     """
     if ended.node_fault is not None and ended.signal is None:
         return _after_node_fault(ended.node_fault, budget)
-    if ended.stall is not None and ended.stall_during_start and ended.signal is not None:
-        # Ended before their first step: nothing trained since the checkpoint they resume from.
-        return _after_stop(f"{stop_reason or ended.signal} (the ranks were still starting and "
-                           f"were ended: {ended.stall})", events.CAUSE_INTERRUPTED, budget)
+    if ended.stall is not None and ended.stall_standing == Standing.EXITING:
+        # Ended while exiting after the stop's checkpoint: a stop, resumed from that checkpoint.
+        return _after_stop(f"{stop_reason or ended.signal or 'stopped'} (the ranks were ended: "
+                           f"{ended.stall})", events.CAUSE_STOP, budget)
+    if ended.stall is not None and ended.stall_standing == Standing.STARTING and ended.signal:
+        # The stop came while they still started, too early for them to obey: an interruption
+        # (resume from the checkpoint before it), not a failure.
+        return _after_stop(f"{stop_reason or ended.signal} (the ranks were ended: {ended.stall})",
+                           events.CAUSE_INTERRUPTED, budget)
     if ended.stall is not None:
         return _after_failure(f"stall: {ended.stall}", events.CAUSE_STALL, budget,
                               in_job=ended.signal is None)

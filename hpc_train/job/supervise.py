@@ -107,10 +107,10 @@ class Watch:
     def interval(self) -> float:
         return beat_interval(self.stall_seconds)
 
-    def beats(self, now: float) -> dict[int, Beat]:
-        """The ranks' beats, read at most once per beat interval (they change no oftener): one
-        file per node, whatever the ranks per node."""
-        if self._read_at is None or now - self._read_at >= self.interval:
+    def beats(self, now: float, fresh: bool = False) -> dict[int, Beat]:
+        """The ranks' beats, read at most once per beat interval (they change no oftener) unless
+        `fresh`: one file per node, whatever the ranks per node."""
+        if fresh or self._read_at is None or now - self._read_at >= self.interval:
             self._beats = watchdog.read_beats(self.paths.heartbeat, since=self.launched)
             self._read_at = now
         return self._beats
@@ -121,6 +121,10 @@ class Watch:
         if forwarder.at is not None:
             found = watchdog.stop_ignored(beats, self.world_size, now, forwarder.at, self.grace,
                                           self.interval, self.launched)
+            if found and self._read_at != now:     # judge where they stand on the newest beats
+                found = watchdog.stop_ignored(self.beats(now, fresh=True), self.world_size, now,
+                                              forwarder.at, self.grace, self.interval,
+                                              self.launched)
             if found:
                 return found
         bound = stall_bound(self.stall_seconds, beats.values())
@@ -147,8 +151,8 @@ def supervise(process: subprocess.Popen, forwarder: StopForwarder,
             log.error("watchdog: %s; stalled: %s", stall.why, "; ".join(
                 f"rank {r.rank} on {r.host} pid {r.pid} step {r.step} ({r.why}"
                 f"{', state ' + r.state if r.state else ''})" for r in stall.ranks))
-            events.try_record(watch.paths, events.ranks_stalled(stall.why, stall.ranks_json(),
-                                                                round(stall.idle_seconds, 1)))
+            events.try_record(watch.paths, events.ranks_stalled(
+                stall.why, stall.ranks_json(), round(stall.idle_seconds, 1), str(stall.standing)))
             return _tear_down(process, stall, watch.method), stall
 
 

@@ -12,14 +12,15 @@ one that is stuck, so nobody progresses). The ranks named are, in order of evide
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from enum import Enum
 from pathlib import Path
 
 # The heartbeat format's reader lives next to its writer; re-exported for the driver.
-from hpc_train.runtime.heartbeat import (START_PHASES, STEP_PHASES, Beat, parse_beat, read_beats,
+from hpc_train.runtime.heartbeat import (STEP_PHASES, Beat, Phase, parse_beat, read_beats,
                                          silent_after)
 
-__all__ = ["Beat", "Stall", "StalledRank", "culprits", "find_stall", "parse_beat",
-           "process_state", "read_beats", "silent_after", "stop_ignored"]
+__all__ = ["Beat", "Stall", "StalledRank", "Standing", "began_training", "culprits", "exiting",
+           "find_stall", "parse_beat", "process_state", "read_beats", "silent_after", "stop_ignored"]
 
 
 @dataclass(frozen=True)
@@ -34,13 +35,24 @@ class StalledRank:
     state: str | None = None    # the process state, where the driver can see it (same host)
 
 
+class Standing(str, Enum):
+    """Where the ranks stood when the watchdog ended them: what ending them cost, and so whether
+    the code is at fault. The values are the words in `ranks_stalled` events."""
+
+    TRAINING = "training"   # stuck, or deaf to a stop they had the whole grace to obey: a failure
+    STARTING = "starting"   # the stop came while they still started: too late for them to obey
+    EXITING = "exiting"     # every rank had saved the stop and was exiting: nothing is lost
+
+    def __str__(self) -> str:
+        return self.value
+
+
 @dataclass(frozen=True)
 class Stall:
     why: str
     idle_seconds: float
     ranks: tuple[StalledRank, ...]
-    # Every rank still starting (or not beating yet): none has trained a step in this start.
-    during_start: bool = False
+    standing: Standing = Standing.TRAINING
 
     def ranks_json(self) -> list[dict]:
         return [asdict(r) for r in self.ranks]
@@ -54,8 +66,11 @@ def find_stall(beats: dict[int, Beat], world_size: int, launched: float, now: fl
     idle = now - max(max(progress), launched)
     if idle < stall_seconds:
         return None
-    return Stall(f"no rank progressed for {idle:.0f} s (launch.stall_seconds={stall_seconds:g})",
-                 idle, culprits(beats, world_size, now, interval, launched))
+    why = f"no rank progressed for {idle:.0f} s (launch.stall_seconds={stall_seconds:g})"
+    standing = Standing.EXITING if exiting(beats, world_size) else Standing.TRAINING
+    if standing is Standing.EXITING:
+        why += " (they had saved their stop and were exiting)"
+    return Stall(why, idle, culprits(beats, world_size, now, interval, launched), standing)
 
 
 def culprits(beats: dict[int, Beat], world_size: int, now: float, interval: float,
@@ -90,20 +105,38 @@ def culprits(beats: dict[int, Beat], world_size: int, now: float, interval: floa
                  for r in sorted(beats))
 
 
+def exiting(beats: dict[int, Beat], world_size: int) -> bool:
+    """Every rank has saved its stop (the checkpoint is complete) and is exiting."""
+    return all(r in beats and beats[r].phase == Phase.STOPPING for r in range(world_size))
+
+
+def began_training(beats: dict[int, Beat], world_size: int) -> float | None:
+    """When the last rank began its first step in this start; None while one has not."""
+    times = [beats[r].first_step_time if r in beats else None for r in range(world_size)]
+    return None if None in times else max(times)
+
+
 def stop_ignored(beats: dict[int, Beat], world_size: int, now: float, signalled_at: float,
                  grace: float, interval: float, launched: float) -> Stall | None:
     """A forwarded stop that the ranks have not obeyed (exited) within `grace` seconds. Judged
     no sooner than two beats after the stop, so every live rank's beat says where it waits.
-    A stop can come while the ranks still start (Slurm sends --signal up to a minute early, and
-    a loaded node takes 20 s to start them): they only stop at a step boundary."""
+
+    The ranks only stop at a step boundary, after agreeing and saving, so a stop that came
+    before every rank began training (Slurm sends --signal up to a minute early, and a loaded
+    node takes 20 s to start them) gave them less than the grace to obey: ending them is an
+    interruption, not their fault. Ranks that all saved the stop and are exiting lose nothing."""
     waited = now - signalled_at
     if waited < max(grace, 2 * interval):
         return None
-    starting = all(r not in beats or beats[r].phase in START_PHASES for r in range(world_size))
     why = f"the ranks did not stop within {grace:g} s of the forwarded stop"
-    if starting:
-        why += " (they were still starting)"
-    return Stall(why, waited, culprits(beats, world_size, now, interval, launched), starting)
+    began = began_training(beats, world_size)
+    if exiting(beats, world_size):
+        standing, why = Standing.EXITING, why + " (they had saved it and were exiting)"
+    elif began is None or began > signalled_at:
+        standing, why = Standing.STARTING, why + " (it came while they still started)"
+    else:
+        standing = Standing.TRAINING
+    return Stall(why, waited, culprits(beats, world_size, now, interval, launched), standing)
 
 
 def process_state(pid: int | None, proc: Path = Path("/proc")) -> str | None:

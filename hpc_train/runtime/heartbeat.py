@@ -7,7 +7,8 @@ where the node's writer puts the beats of all its ranks in one file, heartbeat/n
 (runtime/node_beats.py): one shared-file-system write per node per interval. A beat:
 
     {"rank", "host", "pid", "step", "phase", "progress": time of the last progress,
-     "time": time of this write, "times": the rank's recent step times (`RankTimes`)}
+     "time": time of this write, "times": the rank's recent step times (`RankTimes`),
+     "first_step_time": when it began its first step in this start (absent before)}
 
 Two clocks tell two stories: an old `progress` with a fresh `time` is a rank alive but stuck
 (in a collective waiting for a peer, or in a slow call); an old `time` is a rank that stopped
@@ -58,6 +59,7 @@ class Phase(str, Enum):
     EVALUATE = "evaluate"
     CHECKPOINT = "checkpoint"
     SAVED = "saved"
+    STOPPING = "stopping"      # the stop's checkpoint is complete; the rank is exiting
     BENCH = "bench"
 
     def __str__(self) -> str:
@@ -69,9 +71,6 @@ class Phase(str, Enum):
 # steps (logged loss, stop agreement, evaluation totals). A rank in an earlier phase of the same
 # step than the others is the one they wait for. They change several times a step: in memory only.
 STEP_PHASES = (Phase.DATA, Phase.TRAIN, Phase.SYNC)
-# The phases before a start's first step: a rank in them has trained nothing since the checkpoint
-# it resumes from, so ending it loses nothing (a stop that comes while the ranks still start).
-START_PHASES = (Phase.STARTING, Phase.NETWORK, Phase.COPYING, Phase.BUILDING, Phase.RESUMING)
 # `launch.stall_seconds: auto`: the phases whose silences a step's bound covers (an evaluation
 # batch is shorter than a step; a save's end is a moment); a save has its own; any other phase
 # (start-up, resuming) gets AUTO_START_SECONDS.
@@ -143,6 +142,7 @@ class Heartbeat:
         self.progress_time = clock()
         self.step_times: Callable[[], dict | None] = lambda: None   # the loop's clock's medians
         self.first_step: int | None = None
+        self.first_step_time: float | None = None   # when this start's first step began
         self.longest: dict[str, float] = {}     # "step", "save": the longest silence since it
         self.synced_seconds = 0.0               # in phase sync so far: waiting between steps
         self._dumped_at: float | None = None
@@ -164,7 +164,8 @@ class Heartbeat:
         if self.first_step is not None and self.step > self.first_step:
             self._note_silence(now - self.progress_time)
         if step is not None:
-            self.first_step = step if self.first_step is None else self.first_step
+            if self.first_step is None:
+                self.first_step, self.first_step_time = step, now
             self.step = step
         self.progress_time = now
         if phase is not None and phase != self.phase:
@@ -182,6 +183,8 @@ class Heartbeat:
         record = {"rank": self.rank, "host": self.host, "pid": os.getpid(),
                   "step": self.step, "phase": self.phase, "progress": self.progress_time,
                   "time": self.clock()}
+        if self.first_step_time is not None:
+            record["first_step_time"] = self.first_step_time
         times = {**(self.step_times() or {}),
                  **{f"longest_{kind}": round(s, 4) for kind, s in self.longest.items()}}
         if times:
@@ -253,6 +256,7 @@ class Beat:
     pid: int | None = None
     host: str | None = None
     times: RankTimes | None = None
+    first_step_time: float | None = None   # when the rank began its first step in this start
 
 
 def parse_beat(text: str) -> Beat | None:
@@ -269,9 +273,14 @@ def parse_record(record) -> Beat | None:
         times = record.get("times")
         return Beat(int(record["rank"]), int(record["step"]), str(record.get("phase", "?")),
                     float(record["progress"]), float(record["time"]), record.get("pid"),
-                    record.get("host"), RankTimes(**times) if isinstance(times, dict) else None)
+                    record.get("host"), RankTimes(**times) if isinstance(times, dict) else None,
+                    _time_or_none(record.get("first_step_time")))
     except (ValueError, KeyError, TypeError, AttributeError):
         return None
+
+
+def _time_or_none(value) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
 def read_beats(directory: Path, since: float = 0.0) -> dict[int, Beat]:

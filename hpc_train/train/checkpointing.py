@@ -228,6 +228,7 @@ class Checkpointing:
         if stop_reason is not None:
             self.save(f"stop: {stop_reason}")
             self.finish_writes()
+            self.heartbeat.progress(phase=Phase.STOPPING)   # ending it now loses nothing
             if self.identity.is_main:
                 events.try_record(self.paths, events.stop_saved(step, stop_reason))
             raise StopForRequeue(stop_reason)

@@ -346,3 +346,27 @@ def test_a_rank_names_its_node_in_its_first_line():
     assert rank_host(timed_lines(1, [stamp + "rank 1/2 (local 0) pid 7 on hpcn2, code /r/code/hpc_train"])) == "hpcn2"
     assert rank_host(timed_lines(1, [stamp + "rank 1/2 (local 0) pid 7 on vm"])) == "vm"
     assert rank_host(timed_lines(1, [stamp + "step 20/92 epoch 0 loss 1.4"])) is None
+
+
+@pytest.mark.parametrize("standing", ["starting", "exiting"])
+def test_ranks_ended_after_a_stop_too_early_to_obey_or_already_saved_stopped(tmp_path, standing):
+    start = stamp_time(STARTING)
+    why = "the ranks did not stop within 15 s of the forwarded stop (it came while they still started)"
+    reason = f"SIGUSR2 (the ranks were ended: {why})"
+    paths = _events_run(tmp_path, [
+        (events.started(["vm"], 2, None, ["mpirun"], 300.0), start),
+        (events.ranks_stalled(why, [{"rank": r, "host": "vm", "pid": 10 + r, "step": 30,
+                                     "phase": "data", "idle_seconds": 1.0, "state": None,
+                                     "why": "alive but not progressing"} for r in (0, 1)],
+                              17.0, standing), start + 20),
+        (events.stop_requested("SIGUSR2", "driver signal"), start + 21),
+        (events.requeued(reason, events.CAUSE_INTERRUPTED, "driver", "", 143, 21.0), start + 21)],
+        {0: f"{_stamp(start + 1)} rank 0 x INFO rank 0/2\n"
+            # the teardown's consequence: not a failure
+            f"{_stamp(start + 22)} rank 0 x ERROR rank 0 failed:\nTraceback (most recent call last):\n"
+            "  File \"x\"\nRuntimeError: Horovod has been shut down\n"})
+    result = diagnose(paths)
+    assert result.stall is None and result.first_failure is None
+    assert "rank_stalled" not in [s["id"] for s in result.signatures]
+    assert result.stop["reason"] == "SIGUSR2" and result.stop["detail"] == reason
+    assert "stopped on purpose: SIGUSR2" in diagnosis_text(result)

@@ -7,6 +7,7 @@ import pytest
 from hpc_train import events
 from hpc_train.job.node_fault import NodeFault
 from hpc_train.job.requeue import Budget, Ended, decide, ending_status, requeue_path
+from hpc_train.job.watchdog import Standing
 from hpc_train.run_state import RunState
 from hpc_train.runtime.stop import STOP_EXIT, StopFlag, agreed_reason, one_hot
 from hpc_train.scheduler import Job, JobState
@@ -44,14 +45,15 @@ def test_signal_sets_the_flag():
 BASE = dict(requeues=0, failed_runs=0, max_requeues=3, retries_on_failure=0, can_requeue=True)
 
 
+STARTING, EXITING = Standing.STARTING, Standing.EXITING
 DEAD = NodeFault(("hpcn2",), "mpirun lost its daemon on hpcn2")
 
 
 def _decide(returncode: int, stall: str | None = None, signal: str | None = None,
             stop_reason: str | None = "SIGUSR2", node: NodeFault | None = None,
-            starting: bool = False, **budget):
+            standing: Standing = Standing.TRAINING, **budget):
     """decide() from one flat row of a table: how the ranks ended, and the budget."""
-    return decide(Ended(returncode, 1.0, stall, signal, node, stall_during_start=starting),
+    return decide(Ended(returncode, 1.0, stall, signal, node, stall_standing=standing),
                   stop_reason, Budget(**{**BASE, **budget}))
 
 
@@ -79,11 +81,13 @@ def _decide(returncode: int, stall: str | None = None, signal: str | None = None
     (STOP_EXIT, {"max_restarts_in_job": 2}, "requeue"),
     (1, {"signal": "SIGTERM", "max_restarts_in_job": 2}, "requeue"),
     (STOP_EXIT, {"stall": "stop ignored", "signal": "SIGUSR2", "max_restarts_in_job": 2}, "failed"),
-    # A stop that came while the ranks still started: they had trained nothing since the
-    # checkpoint they resume from, so it is an interruption (max_requeues), not a failure
-    (1, {"stall": "stop ignored", "signal": "SIGUSR2", "starting": True}, "requeue"),
-    (1, {"stall": "stop ignored", "signal": "SIGUSR2", "starting": True, "requeues": 3}, "stopped"),
-    (1, {"stall": "no rank progressed", "starting": True}, "failed"),   # no stop: a real stall
+    # A stop that came while the ranks still started (too early for them to obey), or that they
+    # had saved and were exiting from: the time limit's, on max_requeues, not a failure
+    (1, {"stall": "stop ignored", "signal": "SIGUSR2", "standing": STARTING}, "requeue"),
+    (1, {"stall": "stop ignored", "signal": "SIGUSR2", "standing": STARTING, "requeues": 3}, "stopped"),
+    (1, {"stall": "stop ignored", "signal": "SIGUSR2", "standing": EXITING}, "requeue"),
+    (0, {"stall": "no rank progressed", "standing": EXITING}, "requeue"),  # its own deadline's stop
+    (1, {"stall": "no rank progressed", "standing": STARTING}, "failed"),   # no stop: a real stall
     # A dead node: never restarted in the job (it needs the node), requeued on its own budget
     (205, {"node": DEAD, "max_restarts_in_job": 2, "max_node_failures": 1}, "requeue"),
     (205, {"node": DEAD, "max_node_failures": 1, "failed_runs": 5, "retries_on_failure": 1}, "requeue"),
@@ -111,8 +115,10 @@ def test_decide(returncode, changes, action):
     (0, {"stall": "x", "max_restarts_in_job": 1}, events.CAUSE_STALL),
     (205, {"node": DEAD, "max_node_failures": 1}, events.CAUSE_NODE),
     (205, {"node": DEAD, "signal": "SIGTERM", "max_node_failures": 1}, events.CAUSE_INTERRUPTED),
-    (1, {"stall": "x", "signal": "SIGUSR2", "starting": True, "retries_on_failure": 1},
+    (1, {"stall": "x", "signal": "SIGUSR2", "standing": STARTING, "retries_on_failure": 1},
      events.CAUSE_INTERRUPTED),
+    (1, {"stall": "x", "signal": "SIGUSR2", "standing": EXITING, "retries_on_failure": 1},
+     events.CAUSE_STOP),
 ])
 def test_requeues_and_restarts_say_why_and_failures_are_counted_by_cause(returncode, changes, cause):
     decision = _decide(returncode, **changes)

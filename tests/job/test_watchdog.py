@@ -9,7 +9,7 @@ import time
 import pytest
 
 from hpc_train.job import watchdog
-from hpc_train.job.watchdog import Beat, find_stall, stop_ignored
+from hpc_train.job.watchdog import Beat, Standing, find_stall, stop_ignored
 from hpc_train.runtime.heartbeat import STACK_DUMP_HEADER, Heartbeat, Phase, beat_interval
 
 LAUNCH = 1000.0
@@ -17,8 +17,9 @@ STALL = 60.0
 INTERVAL = beat_interval(STALL)
 
 
-def beat(rank, step, progress, alive, phase="train"):
-    return Beat(rank, step, phase, progress, alive, pid=100 + rank, host=f"node{rank}")
+def beat(rank, step, progress, alive, phase="train", began=None):
+    return Beat(rank, step, phase, progress, alive, pid=100 + rank, host=f"node{rank}",
+                first_step_time=began)
 
 
 def test_no_stall_while_any_rank_progresses():
@@ -57,24 +58,60 @@ def test_all_alive_at_one_step_names_every_rank():
 
 
 def test_a_stop_not_obeyed_within_the_grace_period():
-    beats = {0: beat(0, 3, 1100.0, 1100.0)}
+    beats = {0: beat(0, 3, 1100.0, 1100.0, began=1050.0)}    # training before the stop
     assert stop_ignored(beats, 1, 1109.0, 1100.0, 10.0, INTERVAL, LAUNCH) is None
     stall = stop_ignored(beats, 1, 1110.0, 1100.0, 10.0, INTERVAL, LAUNCH)
     assert "did not stop within 10 s" in stall.why
-    assert not stall.during_start
+    assert stall.standing is Standing.TRAINING
 
 
-@pytest.mark.parametrize("phases, during_start", [
-    ({0: "starting", 1: "resuming"}, True),
-    ({0: "network"}, True),                 # rank 1 has not beaten yet: still importing
-    ({0: "starting", 1: "data"}, False),    # one rank is in its first step
-    ({0: "checkpoint", 1: "checkpoint"}, False),
+@pytest.mark.parametrize("ranks, standing", [
+    # Both training before the stop (at 1100), and not stopped: deaf to it, a failure.
+    ({0: ("train", 1090.0), 1: ("sync", 1091.0)}, Standing.TRAINING),
+    ({0: ("checkpoint", 1090.0), 1: ("checkpoint", 1090.0)}, Standing.TRAINING),  # a save hangs
+    ({0: ("stopping", 1090.0), 1: ("checkpoint", 1090.0)}, Standing.TRAINING),    # 1 still saves
+    # The stop came before every rank began training: still starting, or just past it when the
+    # grace ran out (their first steps, or saving the stop), they had less than the grace.
+    ({0: ("starting", None), 1: ("resuming", None)}, Standing.STARTING),
+    ({0: ("network", None)}, Standing.STARTING),                 # rank 1 has not beaten yet
+    ({0: ("data", 1099.0)}, Standing.STARTING),                  # ... and rank 0 began in time
+    ({0: ("starting", None), 1: ("data", 1098.0)}, Standing.STARTING),
+    ({0: ("data", 1098.0), 1: ("data", 1114.0)}, Standing.STARTING),
+    ({0: ("checkpoint", 1104.0), 1: ("checkpoint", 1105.0)}, Standing.STARTING),
+    # Every rank saved the stop and is exiting: nothing is lost, whenever they began.
+    ({0: ("stopping", 1090.0), 1: ("stopping", 1090.0)}, Standing.EXITING),
+    ({0: ("stopping", 1105.0), 1: ("stopping", 1106.0)}, Standing.EXITING),
 ])
-def test_a_stop_ignored_while_every_rank_still_starts_says_so(phases, during_start):
-    beats = {r: beat(r, 0, 1100.0, 1110.0, phase) for r, phase in phases.items()}
+def test_a_stop_not_obeyed_says_where_the_ranks_stood(ranks, standing):
+    beats = {r: beat(r, 0, 1110.0, 1115.0, phase, began) for r, (phase, began) in ranks.items()}
     stall = stop_ignored(beats, 2, 1120.0, 1100.0, 15.0, INTERVAL, LAUNCH)
-    assert stall.during_start is during_start
-    assert ("still starting" in stall.why) is during_start
+    assert stall.standing is standing
+    assert ("while they still started" in stall.why) is (standing is Standing.STARTING)
+    assert ("saved it and were exiting" in stall.why) is (standing is Standing.EXITING)
+
+
+def test_a_stall_of_ranks_that_saved_their_stop_is_their_exit():
+    beats = {r: beat(r, 9, 1100.0, 1200.0, "stopping") for r in range(2)}
+    stall = find_stall(beats, 2, LAUNCH, 1200.0, STALL, INTERVAL)
+    assert stall.standing is Standing.EXITING and "exiting" in stall.why
+    beats[1] = beat(1, 9, 1100.0, 1200.0, "checkpoint")
+    assert find_stall(beats, 2, LAUNCH, 1200.0, STALL, INTERVAL).standing is Standing.TRAINING
+
+
+def test_the_beat_says_when_the_rank_began_training(tmp_path):
+    now = [1000.0]
+    heartbeat = Heartbeat(tmp_path / "beat", 0, stall_seconds=60, clock=lambda: now[0])
+    heartbeat.write()
+    assert watchdog.parse_beat((tmp_path / "beat").read_text()).first_step_time is None
+    now[0] = 1010.0
+    heartbeat.progress(step=41, phase=Phase.DATA)       # resumed at step 41
+    now[0] = 1020.0
+    heartbeat.progress(step=42, phase=Phase.DATA)
+    heartbeat.write()
+    beat_read = watchdog.parse_beat((tmp_path / "beat").read_text())
+    assert (beat_read.step, beat_read.first_step_time) == (42, 1010.0)
+    assert watchdog.began_training({0: beat_read}, 1) == 1010.0
+    assert watchdog.began_training({0: beat_read}, 2) is None
 
 
 def test_beats_of_an_earlier_run_are_ignored(tmp_path):
@@ -139,3 +176,62 @@ def test_a_rank_in_an_earlier_phase_of_the_same_step_is_the_one_waited_for():
     beats[0] = beat(0, 12, 1100.0, now, "train")                    # waiting in the all-reduce
     stall = find_stall(beats, 3, LAUNCH, now, STALL, INTERVAL)
     assert [r.rank for r in stall.ranks] == [1]
+
+
+@pytest.mark.parametrize("stop_at, standing", [(1012.0, Standing.STARTING),   # before they trained
+                                               (1045.0, Standing.TRAINING)])  # after: deaf to it
+def test_the_driver_ends_ranks_deaf_to_a_stop_and_says_where_they_stood(tmp_path, stop_at, standing):
+    """Real heartbeats, the driver's reading of them, a fake clock: the ranks resume, train from
+    1020 on, and never stop."""
+    from types import SimpleNamespace
+
+    from hpc_train.job.supervise import Watch
+    from hpc_train.rundir import RunPaths
+
+    paths = RunPaths(tmp_path)
+    now = [1010.0]
+    hearts = [Heartbeat(paths.heartbeat / f"rank-{r:05d}", r, STALL, clock=lambda: now[0])
+              for r in range(2)]
+    watch = Watch(paths, 2, STALL, grace=15.0, launched=LAUNCH)
+    forwarder = SimpleNamespace(at=None)
+    step = 7
+    while True:
+        for heart in hearts:
+            if now[0] < 1020.0:
+                heart.progress(phase=Phase.RESUMING)
+            else:
+                heart.progress(step=step, phase=Phase.DATA)
+            heart.write()
+        forwarder.at = stop_at if now[0] >= stop_at else None
+        if (stall := watch.stall(forwarder, now[0])) is not None:
+            break
+        assert now[0] < stop_at + 15.0 + INTERVAL
+        now[0] += INTERVAL
+        step += 1
+    assert stall.standing is standing and now[0] >= stop_at + 15.0
+
+
+def test_the_driver_judges_an_unobeyed_stop_on_the_newest_beats(tmp_path):
+    """The beats are read once per interval; the judgement reads them again: ranks that wrote
+    `stopping` since the last read are exiting, not deaf."""
+    from types import SimpleNamespace
+
+    from hpc_train.job.supervise import Watch
+    from hpc_train.rundir import RunPaths
+
+    paths = RunPaths(tmp_path)
+    now = [1020.0]
+    hearts = [Heartbeat(paths.heartbeat / f"rank-{r:05d}", r, STALL, clock=lambda: now[0])
+              for r in range(2)]
+    for heart in hearts:
+        heart.progress(step=7, phase=Phase.DATA)
+        heart.write()
+    watch = Watch(paths, 2, STALL, grace=15.0, launched=LAUNCH)
+    forwarder = SimpleNamespace(at=1030.0)
+    now[0] = 1044.0
+    assert watch.stall(forwarder, now[0]) is None                   # read: still training
+    now[0] = 1045.0
+    for heart in hearts:
+        heart.progress(phase=Phase.STOPPING)                        # wrote at once
+    stall = watch.stall(forwarder, 1046.0)                          # within the interval
+    assert stall.standing is Standing.EXITING
