@@ -8,6 +8,8 @@
 # add` mounts), a mount under the state dir, the network owner file, a live daemon of the state
 # dir. Run it after `env/slurm/stop.sh --nodes N` (.ci/run does); while the cluster runs it
 # lists the cluster itself (tests/env/test_leftovers.py relies on that). Reads only.
+# HPC_TRAIN_NETNS_MOUNTED_BEFORE=1: /run/netns was a mount before the cluster started (a machine
+# restored from a snapshot keeps its mounts; start.sh then records none): not reported.
 set -euo pipefail
 
 usage() { sed -n '2,10s/^# \{0,1\}//p' "$0"; }
@@ -18,7 +20,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 leftovers() {
     local name pid
     our_leftovers
-    if mountpoint -q "$NETNS_DIR" 2>/dev/null && [[ -z $(find "$NETNS_DIR" -mindepth 1 -maxdepth 1 2>/dev/null) ]]; then
+    if [[ ${HPC_TRAIN_NETNS_MOUNTED_BEFORE:-0} != 1 ]] && mountpoint -q "$NETNS_DIR" 2>/dev/null && [[ -z $(find "$NETNS_DIR" -mindepth 1 -maxdepth 1 2>/dev/null) ]]; then
         printf 'mount %s\n' "$NETNS_DIR"
     fi
     # The mount table of this namespace: the nodes' own mounts die with their namespaces.
