@@ -30,6 +30,7 @@ from hpc_train.inspection.logparse import (Line, Traceback, rank_host, run_index
                                            tracebacks)
 from hpc_train.inspection.signatures import (BY_ID, STALL_ADVICE, STALL_DONE, STALL_LIVE, Match,
                                           match_signatures, missing_ranks)
+from hpc_train.job.watchdog import Standing
 from hpc_train.scheduler import Job
 from hpc_train.rundir import EVENTS_FILE, RunPaths
 from hpc_train.runtime import heartbeat
@@ -136,7 +137,7 @@ def recorded_stall(window: list[dict], lines: dict[int, list[Line]], begin: floa
         if isinstance(rank.get("idle_seconds"), (int, float)) and begin and found.get("time"):
             rank["idle_seconds"] = round(min(rank["idle_seconds"], found["time"] - begin), 1)
     return {"source": "driver", "time": found.get("time"), "why": found.get("why", "?"),
-            "standing": str(found.get("standing", "training")),
+            "standing": str(found.get("standing", Standing.TRAINING)),
             "idle_seconds": found.get("idle_seconds"), "ranks": ranks,
             "ending": events.ending_words(end), "detail": end.get("reason") if end else None,
             "was_requeued": events.was_requeued(end), "restarted": events.was_restarted(end),
@@ -224,13 +225,10 @@ def diagnose(paths: RunPaths, run: int | None = None, slurm: Job | None = None,
     job_id = started[index].get("job_id") if index < len(started) else None
     driver = list(_driver_lines(paths, job_id))
     ended = next((e for e in rank_exits(driver) if _exit_in_run(e, starts, index)), None)
-    stall = recorded_stall(window, lines, begin)
-    torn_down = stall is not None           # by the driver's watchdog
-    torn_down_at = stall["time"] if torn_down else None
-    if stall is not None and stall["standing"] != "training":
-        # Ended after a stop that came too early for them to obey, or that they had saved and
-        # were exiting from (job/watchdog.py: Standing): part of the stop, not a stall.
-        stall = None
+    torn_down = recorded_stall(window, lines, begin)     # by the driver's watchdog
+    # Ranks it ended after a stop that came too early for them to obey, or that they had saved
+    # and were exiting from (job/watchdog.py: Standing): part of the stop, not a stall.
+    stall = torn_down if torn_down and torn_down["standing"] == Standing.TRAINING else None
     running = (slurm.state if slurm else events.state(history)) == "RUNNING"
     raised = any(per_rank.values())     # a rank that raised explains more than the heartbeats
     if (stall is None and running and not raised and starts and index == len(starts) - 1
@@ -238,9 +236,9 @@ def diagnose(paths: RunPaths, run: int | None = None, slurm: Job | None = None,
         clock = time.time() if now is None else now
         stall = live_stall(heartbeat.read_beats(paths.heartbeat, starts[-1]), history, clock, lines)
     stop = stop_summary(window, ended)
-    if torn_down:
+    if torn_down is not None:
         # The teardown ends the ranks: mpirun's report and later tracebacks are its doing.
-        traced, silent = first_failure(per_rank, before=torn_down_at or float("inf")), None
+        traced, silent = first_failure(per_rank, before=torn_down["time"] or float("inf")), None
     else:
         traced = first_failure(per_rank)
         silent = None if stop else silent_failure(per_rank, ended, lines)

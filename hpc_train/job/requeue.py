@@ -71,15 +71,15 @@ def decide(ended: Ended, stop_reason: str | None, budget: Budget) -> Decision:
     """
     if ended.node_fault is not None and ended.signal is None:
         return _after_node_fault(ended.node_fault, budget)
-    if ended.stall is not None and ended.stall_standing == Standing.EXITING:
+    exiting = ended.stall_standing == Standing.EXITING
+    if ended.stall is not None and (exiting or (ended.stall_standing == Standing.STARTING
+                                                and ended.signal)):
         # Ended while exiting after the stop's checkpoint: a stop, resumed from that checkpoint.
+        # Or the stop came while they still started, too early for them to obey: an
+        # interruption (resume from the checkpoint before it). Neither is a failure.
         return _after_stop(f"{stop_reason or ended.signal or 'stopped'} (the ranks were ended: "
-                           f"{ended.stall})", events.CAUSE_STOP, budget)
-    if ended.stall is not None and ended.stall_standing == Standing.STARTING and ended.signal:
-        # The stop came while they still started, too early for them to obey: an interruption
-        # (resume from the checkpoint before it), not a failure.
-        return _after_stop(f"{stop_reason or ended.signal} (the ranks were ended: {ended.stall})",
-                           events.CAUSE_INTERRUPTED, budget)
+                           f"{ended.stall})",
+                           events.CAUSE_STOP if exiting else events.CAUSE_INTERRUPTED, budget)
     if ended.stall is not None:
         return _after_failure(f"stall: {ended.stall}", events.CAUSE_STALL, budget,
                               in_job=ended.signal is None)
