@@ -20,14 +20,23 @@ cache_root="${HPC_TRAIN_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/hpc_train}"
 
 say() { printf '[install-horovod] %s\n' "$*"; }
 
-# Already installed with the frameworks we need? Then there is nothing to do.
-if "$py" - "$version" <<'EOF' 2>/dev/null; then
-import sys
-import horovod, horovod.torch as hvd
-assert horovod.__version__ == sys.argv[1]
-assert hvd.mpi_built() and hvd.gloo_built()
-EOF
-    say "horovod $version already installed in $("$py" -c 'import sys; print(sys.prefix)') (PyTorch, MPI, Gloo)"
+# Already installed, for this torch, with the frameworks we need? A stamp in the environment
+# names what the last install here checked (horovod and torch versions, by their metadata), so
+# the answer needs no import of torch or Horovod (seconds instead of a minute on a slow machine).
+stamp="$("$py" -c 'import sys; print(sys.prefix)')/.horovod-stamp"
+installed() {   # "horovod V torch W" from the distributions' metadata, "none" without either
+    "$py" - <<'PY'
+import importlib.metadata as metadata
+try:
+    print(f"horovod {metadata.version('horovod')} torch {metadata.version('torch')}")
+except metadata.PackageNotFoundError:
+    print("none")
+PY
+}
+now="$(installed)"
+if [ -z "${HOROVOD_REBUILD:-}" ] && [ -f "$stamp" ] && [ "$now" = "$(cat "$stamp")" ] \
+    && [ "$(echo "$now" | cut -d' ' -f2)" = "$version" ]; then
+    say "horovod $version already installed in $(dirname "$stamp") (PyTorch, MPI, Gloo: checked when installed)"
     exit 0
 fi
 
@@ -78,6 +87,13 @@ fi
 
 "$py" -m pip install -q --no-deps --force-reinstall "$wheel_dir"/horovod-*.whl
 "$py" -m pip install -q cloudpickle psutil pyyaml packaging "cffi>=1.4.0"  # horovod's runtime requirements
-"$py" -c 'import horovod, horovod.torch as hvd
+# The check a re-run trusts through the stamp: this version, with the frameworks we need built in.
+"$py" - "$version" <<'PY'
+import sys
+import horovod, horovod.torch as hvd
+assert horovod.__version__ == sys.argv[1], horovod.__version__
+assert hvd.mpi_built() and hvd.gloo_built(), "horovod was built without MPI or Gloo"
 ops = [name for name, built in (("MPI", hvd.mpi_built()), ("Gloo", hvd.gloo_built()), ("NCCL", hvd.nccl_built())) if built]
-print("[install-horovod] installed horovod", horovod.__version__, "with PyTorch +", " + ".join(ops))'
+print("[install-horovod] installed horovod", horovod.__version__, "with PyTorch +", " + ".join(ops))
+PY
+installed > "$stamp"

@@ -38,6 +38,9 @@ done
 
 say() { printf '[setup] %s\n' "$*"; }
 t0=$SECONDS
+# What this run installed or built; a re-run on a ready machine says it changed nothing (.ci/run
+# checks that line), and finds that out without importing torch or anything heavy.
+changed=()
 
 # ---------------------------------------------------------------- 1. system packages
 # Debian package -> a command (or file) that shows it is present.
@@ -71,6 +74,7 @@ elif [ "$system" -eq 1 ] && [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/nul
     apt-get update -qq
     apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
     say "system packages: installed"
+    changed+=(system-packages)
 else
     say "system packages missing: ${missing[*]}"
     say "  on Debian/Ubuntu (as root): apt-get install --no-install-recommends ${missing[*]}"
@@ -89,13 +93,33 @@ if [ ! -x "$py" ]; then
     say "creating $venv with $("$base_py" --version)"
     "$base_py" -m venv "$venv"
     "$py" -m pip install -q --upgrade pip setuptools wheel
+    changed+=(venv)
 else
     say "venv: $venv exists ($("$py" --version))"
 fi
 pip() { "$py" -m pip "$@"; }
 
-if "$py" -c 'import torch' 2>/dev/null; then
-    say "torch: $("$py" -c 'import torch; print(torch.__version__)') already installed"
+# The installed version of each distribution the steps below check, read from its metadata
+# (importlib.metadata: no import of torch, DeepSpeed or the trackers, so a re-run takes seconds);
+# "-" where it is not installed. Read again after each step that installs something.
+declare -A have=()
+read_versions() {
+    local name version
+    while read -r name version; do have[$name]=$version; done < <("$py" - <<'PY'
+import importlib.metadata as metadata
+for name in ("torch", "hpc_train", "submitit", "h5py", "mpi4py", "deepspeed", "simplejpeg", "wandb",
+             "mlflow-skinny", "horovod"):
+    try:
+        print(name, metadata.version(name))
+    except metadata.PackageNotFoundError:
+        print(name, "-")
+PY
+)
+}
+read_versions
+
+if [ "${have[torch]}" != - ]; then
+    say "torch: ${have[torch]} already installed"
 else
     torch_req="${HPC_TRAIN_TORCH:-torch==2.13.0}"
     index=()
@@ -107,6 +131,8 @@ else
     fi
     # torch first and on its own: the project's `torch>=2.1` must not pull a different build.
     pip install -q "${index[@]}" "$torch_req"
+    changed+=(torch)
+    read_versions
 fi
 
 # Reinstall the project only when its metadata changed (keeps a re-run fast). On a GPU machine
@@ -117,27 +143,42 @@ if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then extra
 [ "$deepspeed" -eq 1 ] && extras="$extras,deepspeed"
 stamp="$venv/.hpc_train-setup-stamp"
 want="$(sha256sum pyproject.toml | cut -d' ' -f1) $extras"
-if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && "$py" -c 'import hpc_train, submitit, h5py, mpi4py' 2>/dev/null; then
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && [ "${have[hpc_train]}" != - ] \
+    && [ "${have[submitit]}" != - ] && [ "${have[h5py]}" != - ] && [ "${have[mpi4py]}" != - ]; then
     say "project: hpc_train[$extras] up to date (editable install)"
 else
     say "project: installing hpc_train[$extras] (editable) and its dependencies"
     pip install -q -e ".[$extras]"
     echo "$want" > "$stamp"
+    changed+=(project)
+    read_versions
 fi
 # DeepSpeed builds its CPU shared-memory collectives op just in time at every rank's first start
 # (75-100 s on 2 cores, long enough to look stalled); built here once, a re-run finds it cached.
+# The op lands in torch's extension cache (TORCH_EXTENSIONS_DIR, by default under ~/.cache); a
+# stamp in the venv names the versions it was built for, so a re-run need not import DeepSpeed.
+ds_stamp="$venv/.deepspeed-op-stamp"
+ds_want="deepspeed ${have[deepspeed]} torch ${have[torch]}"
+ds_op() { compgen -G "${TORCH_EXTENSIONS_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/torch_extensions}/*/deepspeed_shm_comm/*.so" >/dev/null; }
 if [ "$deepspeed" -eq 1 ] && [ "$extras" = "${extras/gpu/}" ]; then
-    DS_ACCELERATOR=cpu "$py" -c 'from deepspeed.accelerator import get_accelerator
-get_accelerator().create_op_builder("ShareMemCommBuilder").load(verbose=False)' >/dev/null 2>&1 \
-        && say "deepspeed: $("$py" -c 'import importlib.metadata as m; print(m.version("deepspeed"))') installed, its CPU op built" \
-        || say "deepspeed: its CPU op did not build (needs g++); each first start builds it or falls back to Gloo"
+    if [ -f "$ds_stamp" ] && [ "$(cat "$ds_stamp")" = "$ds_want" ] && ds_op; then
+        say "deepspeed: ${have[deepspeed]} already installed, its CPU op already built"
+    elif DS_ACCELERATOR=cpu "$py" -c 'from deepspeed.accelerator import get_accelerator
+get_accelerator().create_op_builder("ShareMemCommBuilder").load(verbose=False)' >/dev/null 2>&1; then
+        echo "$ds_want" > "$ds_stamp"
+        say "deepspeed: ${have[deepspeed]} installed, its CPU op built"
+        changed+=(deepspeed-op)
+    else
+        say "deepspeed: its CPU op did not build (needs g++); each first start builds it or falls back to Gloo"
+    fi
 fi
 # The fast-jpeg extra (simplejpeg) from a wheel only: where none exists for this platform the
 # data pipeline decodes with Pillow instead, so a failure here is reported, not fatal.
-if "$py" -c 'import simplejpeg' 2>/dev/null; then
-    say "simplejpeg: $("$py" -c 'import simplejpeg; print(simplejpeg.__version__)') already installed"
+if [ "${have[simplejpeg]}" != - ]; then
+    say "simplejpeg: ${have[simplejpeg]} already installed"
 elif pip install -q --only-binary=:all: "simplejpeg>=1.7"; then
     say "simplejpeg: installed (fast JPEG decode for the data pipeline)"
+    changed+=(simplejpeg)
 else
     say "simplejpeg: no wheel for this platform; JPEG decoding falls back to Pillow (slower)"
 fi
@@ -147,10 +188,11 @@ fi
 # (torch, numpy, protobuf). A failure is reported, not fatal: those trackers are then skipped.
 # The patch releases of the tested versions only: a segment's open reads W&B's offline files
 # back through `wandb leet inspect --json`, and MLflow 3.17 changed what its file store allows.
-if "$py" -c 'import wandb, mlflow' 2>/dev/null; then
-    say "trackers: wandb $("$py" -c 'import wandb; print(wandb.__version__)'), mlflow already installed"
+if [ "${have[wandb]}" != - ] && [ "${have[mlflow-skinny]}" != - ]; then
+    say "trackers: wandb ${have[wandb]}, mlflow-skinny ${have[mlflow-skinny]} already installed"
 elif pip install -q "wandb~=0.31.0" "mlflow-skinny~=3.17.2"; then
     say "trackers: wandb and mlflow-skinny installed (log.trackers: wandb, mlflow)"
+    changed+=(trackers)
 else
     say "trackers: wandb or mlflow did not install; log.trackers wandb and mlflow log nothing"
 fi
@@ -159,13 +201,16 @@ fi
 # when its source or the interpreter changed; where it cannot build, simplejpeg or Pillow decode.
 if cropjpeg="$("$py" -m hpc_train.data.cropjpeg_build 2>&1)"; then
     say "cropjpeg: $cropjpeg (crop-region JPEG decode for the data pipeline)"
+    case "$cropjpeg" in *"up to date"*) ;; *) changed+=(cropjpeg) ;; esac
 else
     say "cropjpeg: not built: $cropjpeg"
 fi
 
 # ---------------------------------------------------------------- 3. Horovod
 if [ "$horovod" -eq 1 ]; then
-    bash "$root/env/install-horovod.sh" "$py"
+    horovod_out="$(bash "$root/env/install-horovod.sh" "$py")" || { echo "$horovod_out"; exit 1; }
+    echo "$horovod_out"
+    case "$horovod_out" in *"already installed"*) ;; *) changed+=(horovod) ;; esac
 else
     say "horovod: skipped (--no-horovod)"
 fi
@@ -182,6 +227,7 @@ else
     "$py" -m hpc_train data shard --src "$demo/train" --out "$shards" --shard-size 500 >/dev/null
     "$py" -m hpc_train data shard --src "$demo/val" --labels "$demo/val_labels.txt" --split val \
         --classes "$shards/train/manifest.json" --out "$shards" --shard-size 500 >/dev/null
+    changed+=(demo-data)
 fi
 
 # ---------------------------------------------------------------- 5. a Slurm to submit to
@@ -200,6 +246,12 @@ else
     say "slurm: starting the project's single-node Slurm (env/slurm/start.sh)"
     bash "$root/env/slurm/start.sh" | sed 's/^/  /'
     say "slurm: left running; stop it with: bash env/slurm/stop.sh"
+fi
+
+if [ "${#changed[@]}" -eq 0 ]; then
+    say "changed nothing: everything was in place"
+else
+    say "installed or built: ${changed[*]}"
 fi
 
 say "done in $((SECONDS - t0)) s. Next:"

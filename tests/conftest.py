@@ -46,7 +46,19 @@ def selected_plan(config, plan: dict, heavy: set) -> dict:
     return plan if heavy_requested(config) else {k: v for k, v in plan.items() if k not in heavy}
 
 
+def tier(item) -> str:
+    """What a test needs, which sets what it costs: `multinode` (the 8-node Slurm), `slurm` (the
+    single-node one), `ranks` (real ranks started here, with mpirun), `fast` (none of these)."""
+    for marker in ("multinode", "slurm"):
+        if item.get_closest_marker(marker):
+            return marker
+    return "ranks" if item.get_closest_marker("slow") or item.get_closest_marker("mpi") else "fast"
+
+
 def pytest_collection_modifyitems(config, items):
+    # The JUnit report carries each test's tier: .ci/times.py sums CI's time by it.
+    for item in items:
+        item.user_properties.append(("tier", tier(item)))
     if heavy_requested(config):
         return
     skip = pytest.mark.skip(reason="heavy: runs with --heavy or HPC_TRAIN_HEAVY=1 (CI runs its reduced form)")
@@ -59,6 +71,17 @@ def _unavailable(reason: str):
     if IN_CI:
         pytest.fail(f"{reason} (CI=true: the real component is required)")
     pytest.skip(reason)
+
+
+def require(module: str):
+    """`import module`, or skip the test where it is not installed; under CI=true a missing
+    module is a failure, as every other missing part is (env/setup.sh installs them all)."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError as error:
+        _unavailable(f"{module} is not installed ({error}); bash env/setup.sh installs it")
 
 
 def _slurm_answers(env: dict[str, str] | None = None) -> bool:

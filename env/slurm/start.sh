@@ -129,8 +129,11 @@ SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
 CredType=cred/munge
-# cred_expire default 120 s makes every requeue wait over 2 minutes; 2 is rejected.
-AuthInfo=cred_expire=10
+# A requeued job waits cred_expire + 1 s as PENDING (BeginTime) before it may start again, so
+# this sets the cost of every requeue in the tests (16-24 of them in CI's critical path). The
+# default 120 s would make each wait over 2 minutes; 5 is the least Slurm accepts (below it,
+# it falls back to the default without a word).
+AuthInfo=cred_expire=5
 SlurmctldPort=$SLURMCTLD_PORT
 SlurmdPort=$SLURMD_PORT
 StateSaveLocation=$CTLD_STATE
@@ -146,11 +149,21 @@ SelectTypeParameters=CR_CPU
 # Lets a node claim more CPUs than the machine's core count.
 SlurmdParameters=config_overrides
 SchedulerType=sched/backfill
+# A submitted or requeued job starts within a second or two instead of the defaults' 30-60 s
+# (bf_interval=30, sched_interval=60): every test job waits that long otherwise.
 SchedulerParameters=bf_interval=1,sched_interval=2
+# Jobs are requeueable unless they say otherwise: the requeue tests need it, as most sites do.
 JobRequeue=1
+# A node that went down (the node-failure tests crash one) returns to service when its slurmd
+# registers again, without an admin's `scontrol update ... state=resume`.
 ReturnToService=2
+# SIGTERM to SIGKILL at a job's end: 5 s is what the stop tests give the ranks to save and exit
+# (sites keep 30-60 s); shorter makes a save on a loaded machine fail for no reason of ours.
 KillWait=5
+# A job is ended at its time limit, no grace minutes: the time-limit tests end when they should.
 OverTimeLimit=0
+# A finished job stays in slurmctld's memory (squeue, scontrol show job) for 5 minutes, long
+# enough for the tests that read it after the end; sacct keeps it for good.
 MinJobAge=300
 AccountingStorageType=accounting_storage/slurmdbd
 AccountingStorageHost=127.0.0.1

@@ -18,6 +18,9 @@ Set HPC_TRAIN_FAULT in the ranks' environment (e.g. through launch.env of a test
     exit:RANK:STEP             rank RANK ends at once with os._exit(1): no traceback, no event
     kill:RANK:STEP             rank RANK sends itself SIGKILL, as the kernel's OOM killer does
     segv:RANK:STEP             rank RANK reads address 0 through ctypes: a real segfault
+    pace:SECONDS               every rank sleeps SECONDS in every step: a run whose length is set
+                               by the test, not by the CPU (a time-limit test then needs the same
+                               number of segments on a slow machine as on a fast one)
     freeze:RANK:STEP           rank RANK sends itself SIGSTOP at every step from STEP on (once
                                continued, it freezes again): a rank that hangs on every run, with
                                every thread stopped, heartbeat included, as on a hung node
@@ -56,18 +59,32 @@ class Fault:
     factor: float = 1.0
 
 
+FORMS = ("raise|oom|exit|kill|segv|freeze|kill_in_save:RANK:STEP, sleep|slow_write:RANK:STEP:SECONDS, "
+         "slow:RANK:STEP:FACTOR (FACTOR >= 1) or pace:SECONDS")
+
+
 def parse_fault(text: str | None) -> Fault | None:
     if not text:
         return None
-    parts = text.split(":")
+    try:
+        fault = _fault_of(text.split(":"))
+    except ValueError:          # a number that is not one
+        fault = None
+    if fault is None:
+        raise ValueError(f"{FAULT_ENV}={text!r}: expected {FORMS}")
+    return fault
+
+
+def _fault_of(parts: list[str]) -> Fault | None:
     if parts[0] in ("raise", "oom", "exit", "kill", "segv", "freeze", "kill_in_save") and len(parts) == 3:
         return Fault(parts[0], int(parts[1]), int(parts[2]))
     if parts[0] in ("sleep", "slow_write") and len(parts) == 4:
         return Fault(parts[0], int(parts[1]), int(parts[2]), float(parts[3]))
     if parts[0] == "slow" and len(parts) == 4 and float(parts[3]) >= 1:
         return Fault("slow", int(parts[1]), int(parts[2]), factor=float(parts[3]))
-    raise ValueError(f"{FAULT_ENV}={text!r}: expected raise|oom|exit|kill|segv|freeze|kill_in_save:RANK:STEP, "
-                     "sleep|slow_write:RANK:STEP:SECONDS or slow:RANK:STEP:FACTOR (FACTOR >= 1)")
+    if parts[0] == "pace" and len(parts) == 2 and float(parts[1]) >= 0:
+        return Fault("pace", rank=-1, step=0, seconds=float(parts[1]))
+    return None
 
 
 class FaultInjector:
@@ -97,6 +114,9 @@ class FaultInjector:
 
     def at_step(self, step: int) -> None:
         fault = self.fault
+        if fault is not None and fault.kind == "pace":     # every rank, every step
+            time.sleep(fault.seconds)
+            return
         if fault is None or fault.rank != self.rank or fault.kind in WRITE_FAULTS:
             return
         if fault.kind == "freeze" and step >= fault.step:

@@ -7,8 +7,10 @@ where the node's writer puts the beats of all its ranks in one file, heartbeat/n
 (runtime/node_beats.py): one shared-file-system write per node per interval. A beat:
 
     {"rank", "host", "pid", "step", "phase", "progress": time of the last progress,
-     "time": time of this write, "times": the rank's recent step times (`RankTimes`),
-     "first_step_time": when it began its first step in this start (absent before)}
+     "time": time of this write, "beat": how many beats the thread has written (the intervals
+     this rank has beaten in this start; 0 before the first), "times": the rank's recent step
+     times (`RankTimes`), "first_step_time": when it began its first step in this start
+     (absent before)}
 
 Two clocks tell two stories: an old `progress` with a fresh `time` is a rank alive but stuck
 (in a collective waiting for a peer, or in a slow call); an old `time` is a rank that stopped
@@ -143,6 +145,9 @@ class Heartbeat:
         self.step_times: Callable[[], dict | None] = lambda: None   # the loop's clock's medians
         self.first_step: int | None = None
         self.first_step_time: float | None = None   # when this start's first step began
+        # The thread's beats so far: a count of intervals by the rank's own clock, against which
+        # the node's shared-file-system writes are counted (tests/e2e/test_node_writes_e2e.py).
+        self.beats = 0
         self.longest: dict[str, float] = {}     # "step", "save": the longest silence since it
         self.synced_seconds = 0.0               # in phase sync so far: waiting between steps
         self._dumped_at: float | None = None
@@ -182,7 +187,7 @@ class Heartbeat:
     def record(self) -> dict:
         record = {"rank": self.rank, "host": self.host, "pid": os.getpid(),
                   "step": self.step, "phase": self.phase, "progress": self.progress_time,
-                  "time": self.clock()}
+                  "time": self.clock(), "beat": self.beats}
         if self.first_step_time is not None:
             record["first_step_time"] = self.first_step_time
         times = {**(self.step_times() or {}),
@@ -200,6 +205,7 @@ class Heartbeat:
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
+            self.beats += 1
             self.write()
             if self.after_beat is not None:
                 self.after_beat()

@@ -4,7 +4,6 @@ work, a timed call, rounds with an untimed step before each, their medians."""
 from __future__ import annotations
 
 import statistics
-import time
 
 import pytest
 import torch
@@ -12,8 +11,14 @@ import torch
 from hpc_train.train.timing import Stopwatch, medians, repeat, time_it
 
 
-def test_a_timed_call_lasts_as_long_as_the_action():
-    assert 0.05 <= time_it(lambda: time.sleep(0.05)) < 1.0
+def test_a_timed_call_lasts_as_long_as_the_action(monkeypatch):
+    now = [100.0]                         # the stopwatch's clock, moved only by the action
+    monkeypatch.setattr("hpc_train.train.timing.time.perf_counter", lambda: now[0])
+
+    def action():
+        now[0] += 0.05
+
+    assert time_it(action) == pytest.approx(0.05)
 
 
 def test_on_a_gpu_the_stopwatch_waits_for_the_queued_work_before_it_starts_and_reads(monkeypatch):

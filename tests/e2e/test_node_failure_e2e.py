@@ -28,11 +28,15 @@ from tests.runs import cli, describe_failure, events, submit, wait_for
 pytestmark = [pytest.mark.multinode, pytest.mark.slurm, pytest.mark.mpi, pytest.mark.slow]
 
 ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"}
-# Long enough that the job still trains when slurmctld marks the node (SlurmdTimeout=20 there).
-JOB = ["slurm.tasks_per_node=1", "optim.epochs=12", "checkpoint.every_steps=20", "log.every_steps=5"]
-SHAPES = {"spare": ["slurm.nodes=2", "slurm.spare_nodes=1"],
-          "survivor": ["slurm.nodes=1-2"],
-          "requeued": ["slurm.nodes=2"]}
+# The job must still train when slurmctld marks the node down (SlurmdTimeout=20 there, plus its
+# ping cycle): the test-only pace (0.25 s in every step) sets how long it trains after the crash
+# on any machine, instead of twelve epochs of CPU: about 37 s on the survivor (2 epochs at one
+# rank, ~147 steps left) and about 40 s on the spare (4 epochs at two ranks, ~164 steps left).
+JOB = ["slurm.tasks_per_node=1", "checkpoint.every_steps=20", "log.every_steps=5",
+       "launch.env.HPC_TRAIN_FAULT=pace:0.25"]
+SHAPES = {"spare": ["slurm.nodes=2", "slurm.spare_nodes=1", "optim.epochs=4"],
+          "survivor": ["slurm.nodes=1-2", "optim.epochs=2"],
+          "requeued": ["slurm.nodes=2", "optim.epochs=2"]}
 
 
 def _node(action: str, node: str) -> None:

@@ -1,4 +1,6 @@
 """Requeue on the real Slurm at the time limit: by the signal and by the ranks' own deadline.
+The deadline case runs a script written by `render` with plain sbatch (its signal line taken
+out), so it also shows that a rendered script runs as it is.
 
 External requeue, SIGTERM to the whole job and USR2 to the batch shell are in
 test_lifecycle_e2e.py (the shipped smoke job stopped three ways, bit-identical at the end).
@@ -17,27 +19,35 @@ from tests.runs import assert_trained, cli, describe_failure, events, submit
 pytestmark = [pytest.mark.slurm, pytest.mark.mpi, pytest.mark.horovod, pytest.mark.slow]
 
 ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"}
-# A one-minute limit; USR2 25 s before it (Slurm checks limits about every 30 s). Six epochs
-# take longer than the 35 s to the ranks' own deadline even on an idle machine (three took 23 s).
-# Slurm may signal up to 30 s early, so a start can train for as little as 7 s: on a loaded CI
-# machine the job needed more than the default 10 requeues (it went FAILED at step 232 of 276
-# after 11 starts), so the budget here is far above what any machine needs. That budget is
-# tested on its own (tests/job/test_stop_requeue.py); this test is about stopping and resuming.
-SHORT = ["slurm.time=00:01:00", "slurm.signal_seconds=25", "optim.epochs=6", "log.every_steps=4",
-         "checkpoint.max_requeues=40"]
+# Slurm checks limits every 30 s and sends --signal up to 60 s early, and a start takes 8-25 s
+# before its first step, so a short limit mostly signals ranks that still start. Each job's
+# length is set by the test-only pace (a fixed sleep in every step), not by the CPU, to a little
+# more than the most any one start can train: it stops on every machine, in 2-4 starts.
+# - timelimit: a two-minute limit, USR2 25 s before it: the signal comes 35-65 s into a start,
+#   which trains for at most about 57 s; two epochs (92 steps) at 0.7 s, about 75 s in all.
+# - nosignal: a one-minute limit and no signal: the ranks stop at their own deadline, 35 s into a
+#   start (signal_seconds 25, which leaves the ranks 25 s to exit and the driver to requeue: a
+#   loaded machine took 15 s to end the ranks' processes after their save), after at most about
+#   27 s of training; one epoch at 0.7 s, about 38 s.
+# (Six unpaced epochs under a one-minute limit took 2-4 starts on an idle machine, 11 on a loaded
+# one.) The requeue budget is far above any machine's need: the budget has tests of its own
+# (tests/job/test_stop_requeue.py); this one is about stopping and resuming.
+COMMON = ["log.every_steps=4", "launch.env.HPC_TRAIN_FAULT=pace:0.7", "checkpoint.max_requeues=40"]
+TIMELIMIT = ["slurm.time=00:02:00", "slurm.signal_seconds=25", "optim.epochs=2", *COMMON]
+NOSIGNAL = ["slurm.time=00:01:00", "slurm.signal_seconds=25", "optim.epochs=1", *COMMON]
 
 
 @pytest.fixture(scope="module")
 def jobs(slurm_cluster, tmp_path_factory):
     root = tmp_path_factory.mktemp("requeue")
     submitted = {}
-    job_id, paths = submit("jobs/smoke.yaml", root, "run.name=timelimit", *SHORT)
+    job_id, paths = submit("jobs/smoke.yaml", root, "run.name=timelimit", *TIMELIMIT)
     slurm_cluster.job_ids.append(job_id)
     submitted["timelimit"] = (job_id, paths)
     # The deadline case: a rendered script with the signal line taken out.
     script = root / "nosignal.sbatch"
     out = cli("render", "jobs/smoke.yaml", "-o", str(script), "--set", f"run.root={root}",
-              "--set", "run.name=nosignal", *[a for o in SHORT for a in ("--set", o)])
+              "--set", "run.name=nosignal", *[a for o in NOSIGNAL for a in ("--set", o)])
     assert out.returncode == 0, out.stderr
     script.write_text("\n".join(line for line in script.read_text().splitlines()
                                 if not line.startswith("#SBATCH --signal")) + "\n")
@@ -99,3 +109,5 @@ def test_time_limit_stops_saves_requeues_and_finishes(name, reasons, jobs, slurm
     assert "REQUEUED" in _requeue_history(job_id)
     _assert_resumed_where_stopped(paths)
     assert_trained(paths)
+    if name == "nosignal":          # plain sbatch kept the script's own output file
+        assert (paths.root / f"slurm-{job_id}.out").is_file()

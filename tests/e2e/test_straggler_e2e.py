@@ -30,7 +30,9 @@ def test_a_rank_slowed_to_a_third_is_named_with_its_node(slurm_cluster, tmp_path
     node = events(paths, "started")[-1]["hosts"][0]
     slowest = running["slowest"]
     assert (slowest["rank"], slowest["host"]) == (1, node), slowest
-    assert slowest["ratio"] >= 1.5 and slowest["share"] > 0.2 and not slowest["on_data"], slowest
+    # The product's verdicts (launch.straggler_warn and its noise floor; its data attribution),
+    # not a bound of the test's own on measured ratios.
+    assert slowest["over"] and not slowest["on_data"], slowest
     out = cli("status", run_dir)
     assert f"rank 1 on {node}:" in out.stdout and "STRAGGLER" in out.stdout, out.stdout
 

@@ -29,9 +29,16 @@ VARIANTS = {
 }
 
 
-# With --heavy: DDP's smoke job (DDP trains on Slurm in the node-writes, sharded and multinode
-# tests) and bf16 (the same autocast path as fp16, without its loss scaler).
-HEAVY = {"ddp", "horovod-bf16"}
+# With --heavy, each beside the CI test that trains its path on real ranks:
+# - ddp: DDP's smoke job (DDP trains on Slurm in test_node_writes_e2e, test_sharded_e2e and
+#   test_multinode_e2e);
+# - horovod-fp16: fp16 autocast, the loss scaler and fp16 compression under Horovod
+#   (tests/train/test_resume_exact.py's fp16 run, resumed bit-identical under mpirun);
+# - horovod-bf16: the same autocast path as fp16, without its loss scaler;
+# - horovod-accumulation-2: accumulation across ranks (tests/train/test_accumulation.py, two
+#   ranks under mpirun against one process, both backends).
+# A rendered script run with plain sbatch: test_requeue_e2e.py's `nosignal` job.
+HEAVY = {"ddp", "horovod-fp16", "horovod-bf16", "horovod-accumulation-2"}
 
 
 @pytest.fixture(scope="module")
@@ -65,19 +72,6 @@ def test_submitted_script_follows_the_one_driver_pattern(submitted):
         assert line in script.splitlines(), line
     assert "srun" not in script                     # one driver, not N copies through srun
     assert "\nexec " in script                      # USR2 reaches Python, not a bash that dies
-
-
-def test_rendered_script_runs_with_plain_sbatch(slurm_cluster, tmp_path):
-    script = tmp_path / "job.sbatch"
-    out = cli("render", "jobs/smoke.yaml", "-o", str(script), "--set", f"run.root={tmp_path}/runs",
-              "--set", "run.name=rendered", "--set", "optim.epochs=1", "--set", "log.every_steps=4")
-    assert out.returncode == 0, out.stderr
-    run_dir = next((tmp_path / "runs").glob("rendered-*"))
-    job_id = slurm_cluster.sbatch(str(script))
-    state = slurm_cluster.wait_state(job_id, {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"}, timeout=400)
-    assert state == "COMPLETED", describe_failure(RunPaths(run_dir))
-    assert_trained(RunPaths(run_dir))
-    assert (run_dir / f"slurm-{job_id}.out").is_file()
 
 
 def test_without_sbatch_submit_runs_locally(tmp_path):

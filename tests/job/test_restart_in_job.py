@@ -9,7 +9,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -35,20 +34,23 @@ def _driver(paths) -> subprocess.Popen:
                                 cwd=REPO, env=environ, stdout=output, stderr=subprocess.STDOUT)
 
 
+# Heavy: CI covers this path under the real Slurm, bit for bit against the uninterrupted run, in
+# tests/e2e/test_restart_e2e.py: test_a_rank_killed_twice_restarts_in_the_job_then_is_requeued_and_
+# ends_bit_identical (the same driver, mpirun and Horovod; its first kill is this restart: cause,
+# attempt, launches, the resume from the last checkpoint, the run state's count) and
+# test_a_rank_killed_under_srun_restarts_in_the_job_and_ends_bit_identical (the shipped budget of 2,
+# attempt 1 of it, completed with nothing requeued).
+@pytest.mark.heavy
 def test_a_killed_rank_is_restarted_in_the_job_from_the_last_checkpoint(tmp_path):
     # Rank 1's beat reaches the run directory with its node writer's next write, up to a beat
     # interval (2 s here) after its start: 24 epochs leave steps to train after the kill.
     paths = local_run(tmp_path, *SMALL, "optim.epochs=24", "launch.stall_seconds=20")
     driver = _driver(paths)
     wait_for(lambda: driver.poll() is not None or heartbeat_step(paths, 1) >= 10, 300, "step 10")
-    pid = await_beat(paths, 1)["pid"]
-    killed = time.time()
-    os.kill(pid, signal.SIGKILL)
+    os.kill(await_beat(paths, 1)["pid"], signal.SIGKILL)
     assert driver.wait(timeout=300) == 0, describe_failure(paths)
     [restarted] = events(paths, "restarted")
-    again = min(m["time"] for m in metrics_after(paths, restarted["time"]))
-    print(f"[turnaround] in the job, no Slurm: SIGKILL to the launcher's exit "
-          f"{restarted['time'] - killed:.1f} s, to training again {again - killed:.1f} s")
+    assert metrics_after(paths, restarted["time"]), "no step trained after the restart"
     assert (restarted["cause"], restarted["attempt"], restarted["budget"]) == ("failure", 1, 2)
     assert [e["launch"] for e in events(paths, "started")] == [0, 1]
     [resumed] = events(paths, "resumed")

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 import sys
-import time
+import threading
 
 import pytest
 
 from hpc_train.job import watchdog
 from hpc_train.job.watchdog import Beat, Standing, find_stall, stop_ignored
 from hpc_train.runtime.heartbeat import STACK_DUMP_HEADER, Heartbeat, Phase, beat_interval
+from tests.runs import wait_for
 
 LAUNCH = 1000.0
 STALL = 60.0
@@ -114,6 +115,29 @@ def test_the_beat_says_when_the_rank_began_training(tmp_path):
     assert watchdog.began_training({0: beat_read}, 2) is None
 
 
+@pytest.mark.slow
+def test_a_beat_counts_the_threads_beats(tmp_path):
+    """`beat`: the thread's beats so far, what a node's writes are counted against
+    (tests/e2e/test_node_writes_e2e.py); the writes at the start and at a phase change are none."""
+    path = tmp_path / "beat"
+    counted, two = [], threading.Event()
+
+    def after_beat():      # the node writer's tick: the beat just written is on disk
+        counted.append(json.loads(path.read_text())["beat"])
+        if len(counted) == 2:
+            two.set()
+    heartbeat = Heartbeat(path, 0, stall_seconds=10, after_beat=after_beat)     # 1 s apart
+    heartbeat.write()
+    heartbeat.progress(step=1, phase=Phase.TRAIN)       # a phase change writes at once
+    assert json.loads(path.read_text())["beat"] == 0
+    heartbeat.start()
+    try:
+        assert two.wait(60), counted
+    finally:
+        heartbeat.close()
+    assert counted[:2] == [1, 2] and json.loads(path.read_text())["beat"] == len(counted)
+
+
 def test_beats_of_an_earlier_run_are_ignored(tmp_path):
     for rank, written in ((0, 900.0), (1, 1001.0)):
         record = {"rank": rank, "host": "h", "pid": 1, "step": 3, "phase": "train",
@@ -133,21 +157,22 @@ def test_process_state_of_this_process():
 @pytest.mark.slow
 def test_heartbeat_thread_writes_and_dumps_stacks_once_when_stuck(tmp_path, capfd):
     path = tmp_path / "rank-00003"
-    heartbeat = Heartbeat(path, 3, stall_seconds=5)
-    asked: list[float] = []
-    heartbeat.after_dump = lambda: asked.append(time.monotonic())   # the trainer's: its workers
+    beats: list[int] = []
+    heartbeat = Heartbeat(path, 3, stall_seconds=5, after_beat=lambda: beats.append(1))
+    asked: list[int] = []                                   # the beats so far, at each dump
+    heartbeat.after_dump = lambda: asked.append(len(beats))   # the trainer's: its workers
     heartbeat.start()                                                # writes every second
     try:
         heartbeat.progress(step=7, phase=Phase.TRAIN)
-        dumped, deadline = "", time.monotonic() + 15
-        while time.monotonic() < deadline and STACK_DUMP_HEADER not in dumped:
-            dumped += capfd.readouterr().err
-            time.sleep(0.2)
+        wait_for(lambda: asked, 60, "the stuck rank's stack dump")
+        # Two beats more, still silent: a dump at every beat would have come with the first.
+        wait_for(lambda: len(beats) >= asked[0] + 2, 60, "two more beats")
+        dumped = capfd.readouterr().err
         record = json.loads(path.read_text())
     finally:
         heartbeat.close()
     assert "on rank 3 at step 7 (phase train)" in dumped     # the phase's word, in the log
-    assert len(asked) == 1                                  # once per silence, as the dump
+    assert len(asked) == 1 and dumped.count(STACK_DUMP_HEADER) == 1   # once per silence
     assert (record["rank"], record["step"], record["phase"]) == (3, 7, "train")   # and on disk
     assert record["time"] >= record["progress"]
 
@@ -156,11 +181,18 @@ def test_heartbeat_thread_writes_and_dumps_stacks_once_when_stuck(tmp_path, capf
 def test_heartbeat_dump_contains_the_main_threads_stack(tmp_path):
     import subprocess
 
+    # Stuck until the heartbeat has dumped the stacks and beaten twice more (a second dump, were
+    # there one, would have come with the first of those).
     code = ("import time; from pathlib import Path; from hpc_train.runtime.heartbeat import Heartbeat\n"
-            "h = Heartbeat(Path(r'%s'), 0, stall_seconds=4).start()\n"
-            "def stuck_in_a_collective():\n    time.sleep(5)\n"
+            "beats, dumped = [], []\n"
+            "h = Heartbeat(Path(r'%s'), 0, stall_seconds=4, after_beat=lambda: beats.append(1))\n"
+            "h.after_dump = lambda: dumped.append(len(beats))\n"
+            "h.start()\n"
+            "def stuck_in_a_collective():\n"
+            "    while not dumped or len(beats) < dumped[0] + 2:\n"
+            "        time.sleep(0.1)\n"
             "stuck_in_a_collective(); h.close()\n") % (tmp_path / "rank-00000")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert STACK_DUMP_HEADER in out.stderr and "stuck_in_a_collective" in out.stderr
     assert out.stderr.count(STACK_DUMP_HEADER) == 1

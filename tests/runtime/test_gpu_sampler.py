@@ -7,6 +7,7 @@ from types import SimpleNamespace
 
 from hpc_train.rundir import read_jsonl
 from hpc_train.runtime import gpu_sampler
+from tests.runs import wait_for
 
 
 class FakeNvml:
@@ -55,17 +56,11 @@ def test_the_sampler_writes_lines_until_closed(tmp_path):
     nvml = FakeNvml()
     path = tmp_path / "gpu" / "n1.jsonl"
     sampler = gpu_sampler.GpuSampler(nvml, path, [0, 1], interval=0.05, host="n1").start()
-    import time
-
-    deadline = time.monotonic() + 10
-    while len(read_jsonl(path)) < 4 and time.monotonic() < deadline:
-        time.sleep(0.02)
+    wait_for(lambda: len(read_jsonl(path)) >= 4, 60, f"two samples of both GPUs in {path}")
     sampler.close()
     rows = read_jsonl(path)
     assert len(rows) >= 4 and {r["gpu"] for r in rows} == {0, 1} and nvml.shut
-    count = len(read_jsonl(path))
-    time.sleep(0.15)
-    assert len(read_jsonl(path)) == count                                  # stopped
+    assert not sampler._thread.is_alive()      # stopped: nothing is left to write another line
 
 
 def test_nothing_is_started_off_the_first_rank_or_without_nvml(tmp_path, monkeypatch):

@@ -72,12 +72,18 @@ def test_sbatch_is_sent_again_only_when_it_never_reached_slurm(fake):
     assert str(refused.value) == "sbatch refused the test job: sbatch: error: invalid partition specified: nope"
 
 
-def test_every_call_is_bounded_retries_included(fake):
+def test_every_call_is_bounded_retries_included(fake, tmp_path):
+    """A squeue that would answer (nothing) only after 30 s: the call gives up at its bound, the
+    one try killed there (it never answered: None, not []) and none sent after it, since the
+    bound covers the tries and their pauses together."""
     fake("squeue", (0, "", ""))
-    (Path(os.environ["PATH"].split(os.pathsep)[0]) / "squeue").write_text("#!/bin/sh\nexec sleep 30\n")
-    start = time.monotonic()
+    started = tmp_path / "squeue.pids"
+    (Path(os.environ["PATH"].split(os.pathsep)[0]) / "squeue").write_text(
+        f"#!/bin/sh\necho $$ >> {started}\nexec sleep 30\n")
     assert scheduler.queue(["30"], timeout=1.5) is None
-    assert time.monotonic() - start < 5
+    [pid] = [int(line) for line in started.read_text().split()]
+    with pytest.raises(ProcessLookupError):     # killed at the bound, not waited for
+        os.kill(pid, 0)
 
 
 def test_commands_and_small_answers(fake, monkeypatch, tmp_path):
@@ -103,10 +109,11 @@ def test_commands_and_small_answers(fake, monkeypatch, tmp_path):
 
 @pytest.mark.slurm
 def test_the_real_slurm_through_the_client(slurm_cluster, tmp_path):
-    job = scheduler.submit(["--time=1", "--mem=100", f"--output={tmp_path}/out", "--wrap", "sleep 30"],
+    # It runs until cancelled (its limit, too, far beyond the test): RUNNING, then CANCELLED.
+    job = scheduler.submit(["--time=5", "--mem=100", f"--output={tmp_path}/out", "--wrap", "sleep 600"],
                            "the client's test job")
     slurm_cluster.job_ids.append(job)
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 300          # catches a hang: the shared cluster may queue it
     while (live := scheduler.live_state(job)) is None or live.state != "RUNNING":
         assert time.monotonic() < deadline, f"job {job}: {live}"
         time.sleep(1)

@@ -2,26 +2,17 @@
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from hpc_train import run_state
 from hpc_train.rundir import read_jsonl
 from hpc_train.spec import load_spec, spec_hash
-from tests.runs import cli, drive, events, local_run
+from tests.runs import cli, drive, events, local_run, wait_for
 
 pytestmark = [pytest.mark.mpi, pytest.mark.horovod, pytest.mark.slow]
 
 SMALL = ["data.kind=synthetic", "data.train_samples=512", "data.val_samples=0", "data.image_size=16",
          "data.workers=0", "optim.epochs=1", "log.every_steps=2"]
-
-
-def _wait_finished(paths, count: int, timeout: float = 240):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and len(events(paths, "finished")) < count:
-        time.sleep(0.5)
-    assert len(events(paths, "finished")) >= count
 
 
 def test_resume_needs_consent_for_changes_then_continues(tmp_path):
@@ -40,7 +31,8 @@ def test_resume_needs_consent_for_changes_then_continues(tmp_path):
     (tmp_path / "before.yaml").write_text(spec_before)        # the consent the ranks read
     assert run_state.read(paths).consented_specs == (
         (spec_hash(load_spec(tmp_path / "before.yaml")), spec_hash(load_spec(paths.spec))),)
-    _wait_finished(paths, 2)
+    # The resumed job runs in the background (the local executor): its end is its finished event.
+    wait_for(lambda: len(events(paths, "finished")) >= 2, 240, "the resumed run's finished event")
     # The run had no snapshot (driven here); --new-snapshot gave it one, and the job imported it.
     first, resumed, job = read_jsonl(paths.environment)
     assert [e["where"] for e in (first, resumed, job)] == ["job", "resume", "job"]

@@ -1,4 +1,9 @@
-"""Every wrong spec is refused by `submit` with exit 2, and nothing reaches sbatch."""
+"""Every wrong spec is refused by `submit` with exit 2, and nothing reaches sbatch.
+
+The corpus is checked in process (`cli.main`, as `python -m hpc_train` calls it: the same
+parsing, checks and exit status, without starting an interpreter 130 times); one spec also
+goes through a real `python -m hpc_train` process, for what only a process shows.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from hpc_train.cli import main
 from hpc_train.rundir import RunPaths
 from tests.runs import BAD_SPECS, cli, driver_argv, path_without, run_dirs
 
@@ -24,17 +30,32 @@ def spy_env(tmp_path_factory):
     return root, {**os.environ, "PATH": path_without(root / "bin", replacements=stubs)}
 
 
+def _expected(bad_spec: Path) -> str:
+    return bad_spec.read_text().splitlines()[0].removeprefix("# expect:").strip()
+
+
 @pytest.mark.parametrize("bad_spec", BAD_SPECS, ids=lambda p: p.stem)
 @pytest.mark.parametrize("dry_run", [False, True], ids=["submit", "dry-run"])
-def test_bad_spec_never_reaches_sbatch(bad_spec, dry_run, spy_env, tmp_path):
+def test_bad_spec_never_reaches_sbatch(bad_spec, dry_run, spy_env, tmp_path, monkeypatch, capsys):
     root, env = spy_env
-    expected = bad_spec.read_text().splitlines()[0].removeprefix("# expect:").strip()
-    out = cli("submit", str(bad_spec), *(["--dry-run"] if dry_run else []), env=env, cwd=tmp_path)
-    assert out.returncode == 2, out.stdout + out.stderr
-    assert expected in out.stderr
-    assert "Traceback" not in out.stderr
+    monkeypatch.setenv("PATH", env["PATH"])
+    monkeypatch.chdir(tmp_path)
+    code = main(["submit", str(bad_spec), *(["--dry-run"] if dry_run else [])])
+    out = capsys.readouterr()
+    assert code == 2, out.out + out.err
+    assert _expected(bad_spec) in out.err
     assert not (root / "sbatch-called").exists()
     assert not (tmp_path / "runs").exists()          # no run directory either
+
+
+def test_a_bad_spec_is_refused_by_the_real_command(spy_env, tmp_path):
+    """The exit status and stderr of a real `python -m hpc_train submit`, and no traceback."""
+    root, env = spy_env
+    bad_spec = BAD_SPECS[0]
+    out = cli("submit", str(bad_spec), env=env, cwd=tmp_path)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert _expected(bad_spec) in out.stderr and "Traceback" not in out.stderr
+    assert not (root / "sbatch-called").exists() and not (tmp_path / "runs").exists()
 
 
 def test_spy_records_a_valid_submission(spy_env, tmp_path):

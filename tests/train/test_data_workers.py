@@ -19,6 +19,7 @@ from hpc_train.spec import load_spec
 from hpc_train.train.data import (build_loaders, dump_worker_stacks, init_worker, shutdown_workers,
                                   start_worker_server, worker_pids)
 from tests.conftest import REPO
+from tests.runs import wait_for
 
 
 def _spec(*overrides: str):
@@ -120,7 +121,11 @@ class _StuckDataset(Dataset):
 
 
 def stuck_reading_a_sample():
-    time.sleep(20)
+    # Stuck until the test kills this worker (or, should the test end first, this process is
+    # handed to another parent): never done by itself while the test looks at it.
+    parent = os.getppid()
+    while os.getppid() == parent:
+        time.sleep(0.5)
 
 
 @pytest.mark.slow
@@ -129,28 +134,34 @@ def test_a_stuck_worker_writes_its_stack_when_asked(tmp_path, capfd):
     entered = tmp_path / "entered"
     loader = DataLoader(_StuckDataset(entered), batch_size=2, num_workers=1, worker_init_fn=init_worker,
                         multiprocessing_context="fork", persistent_workers=True)
+    raised: list[str] = []
+
     def fetch_one():
-        with pytest.raises(RuntimeError, match="exited unexpectedly"):   # the kill below
+        try:
             next(iter(loader))
+        except RuntimeError as error:    # the kill below
+            raised.append(str(error))
 
     fetch = threading.Thread(target=fetch_one, daemon=True)
     fetch.start()
     pids: list[int] = []
     try:
-        deadline = time.monotonic() + 15
-        while not entered.exists() and time.monotonic() < deadline:   # past init_worker
-            time.sleep(0.1)
+        wait_for(entered.exists, 60, "the worker to read a sample")   # past init_worker
         pids = worker_pids(loader)
-        assert entered.exists() and len(pids) == 1
+        assert len(pids) == 1
         dump_worker_stacks(pids)
-        written = ""
-        while "stuck_reading_a_sample" not in written and time.monotonic() < deadline:
-            time.sleep(0.2)
-            written += capfd.readouterr().err
-        assert "stuck_reading_a_sample" in written and "__getitem__" in written
+        written = []
+
+        def stacks_written() -> bool:
+            written.append(capfd.readouterr().err)
+            return "stuck_reading_a_sample" in "".join(written)
+
+        wait_for(stacks_written, 60, "the worker's stacks on stderr")
+        assert "__getitem__" in "".join(written)
         os.kill(pids[0], 0)              # it wrote its stacks and goes on
     finally:
         for pid in pids:
             os.kill(pid, signal.SIGKILL)
-        fetch.join(timeout=15)           # the loader sees its worker gone and raises there
+        fetch.join(timeout=60)           # the loader sees its worker gone and raises there
+    assert not fetch.is_alive() and len(raised) == 1 and "exited unexpectedly" in raised[0], raised
     dump_worker_stacks(pids)             # a worker that is gone: nothing to do, no error

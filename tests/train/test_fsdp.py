@@ -2,7 +2,8 @@
 sharded checkpoints (DCP) resume at other world sizes, and DDP and fsdp resume each other's.
 
 The runs are jobs/smoke.yaml on synthetic images (no augmentation, one thread per rank: the
-deterministic setting) and the GPT CPU spec at one stage; a few steps each.
+deterministic setting) and the GPT CPU spec at one stage; a few steps each. One fsdp run stopped
+mid-run serves every test that resumes an fsdp checkpoint: each resumes a copy of it.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import json
 import shutil
 import signal
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -61,6 +63,28 @@ def straight(tmp_path_factory):
     """Uninterrupted 2-rank runs of the smoke spec under DDP and under fsdp."""
     root = tmp_path_factory.mktemp("fsdp-straight")
     return {backend: run(root, backend, *SMOKE, name=backend) for backend in ("ddp", "fsdp")}
+
+
+@pytest.fixture(scope="module")
+def stopped_fsdp(tmp_path_factory) -> tuple[RunPaths, Path]:
+    """One 2-rank fsdp run of the smoke spec stopped at step STOP, with the sample ledger on:
+    (the run, its ledger as the stop left it). The tests that resume it resume copies of it
+    (`resumed_copy`), never the run: each of them starts from the same stop. The copies' ranks
+    append to the ledger the spec names, so the ledger of the stop is kept apart first."""
+    root = tmp_path_factory.mktemp("fsdp-stopped")
+    ledger = root / "ledger"
+    paths = run(root, "fsdp", *SMOKE, f"launch.env.HPC_TRAIN_SAMPLE_LEDGER={ledger}",
+                name="fsdp-stopped", stop=True)
+    at_stop = shutil.copy(ledger, root / "ledger-at-stop")
+    return paths, Path(at_stop)
+
+
+def stopped_run(saved: str, request, tmp_path) -> RunPaths:
+    """A run of `saved` stopped at STOP: fsdp's is the module's (copied by who resumes it),
+    made only where a test asks for it."""
+    if saved == "fsdp":
+        return request.getfixturevalue("stopped_fsdp")[0]
+    return run(tmp_path, saved, *SMOKE, name=f"{saved}-stopped", stop=True)
 
 
 def test_fsdp_trains_as_ddp_does(straight):
@@ -129,8 +153,8 @@ def test_fp16_scales_the_sharded_loss(straight, tmp_path):
     pytest.param("ddp", "fsdp", marks=pytest.mark.heavy), ("fsdp", "ddp"),
     pytest.param("horovod", "fsdp", marks=pytest.mark.horovod),
     pytest.param("fsdp", "horovod", marks=[pytest.mark.horovod, pytest.mark.heavy])])
-def test_ddp_and_fsdp_resume_each_others_checkpoints(saved, resumed, straight, tmp_path):
-    stopped = run(tmp_path, saved, *SMOKE, name=f"{saved}-stopped", stop=True)
+def test_ddp_and_fsdp_resume_each_others_checkpoints(saved, resumed, straight, request, tmp_path):
+    stopped = stopped_run(saved, request, tmp_path)
     copy = resumed_copy(stopped, f"{saved}-as-{resumed}", f"parallel.backend={resumed}")
     assert [e["step"] for e in events(copy, "resumed")] == [STOP]
     expected = train_losses(straight["ddp"])
@@ -160,16 +184,15 @@ def assert_same_final_state(straight: RunPaths, paths: RunPaths) -> None:
         assert_identical(expected[2][rank]["buffers"], got[2][rank]["buffers"], f"rank {rank}")
 
 
-def test_a_stopped_run_resumed_on_its_ranks_ends_bit_identical(straight, tmp_path):
-    stopped = run(tmp_path, "fsdp", *SMOKE, name="fsdp-stopped", stop=True)
+def test_a_stopped_run_resumed_on_its_ranks_ends_bit_identical(straight, stopped_fsdp):
+    stopped, _ = stopped_fsdp
     copy = resumed_copy(stopped, "again")
+    assert [e["step"] for e in events(copy, "resumed")] == [STOP]
     assert_same_final_state(straight["fsdp"], copy)
 
 
-def test_a_sharded_checkpoint_resumes_at_one_and_at_four_ranks(tmp_path):
-    ledger = tmp_path / "ledger"
-    stopped = run(tmp_path, "fsdp", *SMOKE, f"launch.env.HPC_TRAIN_SAMPLE_LEDGER={ledger}",
-                  name="fsdp-stopped", stop=True)
+def test_a_sharded_checkpoint_resumes_at_one_and_at_four_ranks(stopped_fsdp, tmp_path):
+    stopped, ledger = stopped_fsdp
     rows_before = read_ledger(ledger)
     for ranks in (1, 4):
         own = tmp_path / f"ledger-{ranks}"

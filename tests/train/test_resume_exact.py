@@ -30,13 +30,15 @@ def final_state(paths, rank: int, total_steps: int):
 
 # Both checkpoint writers: async (the default: host snapshot, background write) and sync. fp16
 # autocast is about 10x slower than fp32 on a CPU: its run is half as long (4 steps an epoch).
+# The fp16 run also sends its gradients in fp16 (parallel.compression: Horovod's Compression.fp16):
+# CI's run of the fp16 path on real ranks (test_submit_e2e's fp16 smoke job is heavy).
 # Ranks agree on a stop every 5 steps, so a signal at step s stops at the next multiple of 5:
 # every stop here is in mid-epoch.
 @pytest.mark.parametrize("precision, write, samples, signal_steps",
                          [("fp32", "async", 512, (7, 17)), ("fp16", "sync", 256, (3, 7))])
 def test_twice_interrupted_run_matches_uninterrupted(precision, write, samples, signal_steps, tmp_path):
     overrides = [*DETERMINISTIC, f"data.train_samples={samples}", f"precision.mode={precision}",
-                 f"checkpoint.write={write}"]
+                 f"checkpoint.write={write}", f"parallel.compression={'fp16' if precision == 'fp16' else 'none'}"]
     steps_per_epoch = samples // BATCH
     total_steps = 3 * steps_per_epoch
     straight = local_run(tmp_path, *overrides, name="straight")

@@ -11,6 +11,7 @@ from hpc_train.rundir import RunPaths
 from hpc_train.runtime import tracker_state
 from hpc_train.runtime.tracker_state import Tracker, TrackerRun, should_log, wandb_run_id
 from hpc_train.spec.schema import LogSpec
+from tests.conftest import require
 from tests.runs import drive, events, local_run
 from tests.trackers import mlflow_run, mlflow_steps, wandb_records, wandb_steps
 
@@ -49,8 +50,8 @@ def test_log_tensorboard_is_the_default_of_log_trackers():
 @pytest.mark.horovod
 @pytest.mark.slow
 def test_a_restarted_run_continues_its_tracker_runs_with_each_step_once(tmp_path):
-    pytest.importorskip("wandb")
-    pytest.importorskip("mlflow")
+    require("wandb")
+    require("mlflow")
     # Rank 0 fails after step 15 of a run that checkpoints every 10 steps: the next run resumes
     # from step 10 and trains steps 11-15 again, which the trackers had logged.
     paths = local_run(tmp_path, "optim.epochs=1", "log.every_steps=1", "checkpoint.every_steps=10",
