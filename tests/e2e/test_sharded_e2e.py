@@ -8,7 +8,9 @@ whole-model digest, sharded checkpoints holding every rank's part, its first ste
 within 1e-6 (fp32, same seed and data) and its final validation loss within 2% of DDP's.
 
 CI runs every backend on the GPT spec and fsdp and ZeRO-1 on the smoke spec on one node, and
-ZeRO-3 (gpt) and fsdp (smoke) across two nodes; `--heavy` runs the rest of the matrix.
+ZeRO-3 (gpt) and fsdp (smoke) across two nodes; `--heavy` runs the rest of the matrix. A run across
+two nodes is compared with its DDP twin across the same two nodes, so the multi-node tests need
+nothing of the single-node cluster (CI runs them in a lane of their own, beside the others).
 Stopped three ways and bit-identical: tests/e2e/test_lifecycle_e2e.py. Resumes at other world
 sizes: tests/train/test_fsdp.py (local mpirun).
 """
@@ -89,10 +91,24 @@ def test_a_sharded_run_trains_as_ddp_does(one_node, spec, backend):
     _assert_trained_as_ddp(one_node[spec, backend], one_node[spec, "ddp"])
 
 
+@pytest.fixture(scope="module")
+def two_nodes(slurm_nodes, tmp_path_factory, request):
+    """Every selected run across two nodes of the multi-node cluster (one rank on each), with the
+    DDP twin of each spec across two nodes too, submitted at once."""
+    heavy = heavy_requested(request.config)
+    sharded = {(s, b) for s in SPECS for b in BACKENDS if b != "ddp" and (heavy or (s, b) in TWO_NODES_CI)}
+    wanted = sharded | {(spec, "ddp") for spec, _ in sharded}
+    root = tmp_path_factory.mktemp("sharded-two-nodes")
+    across = ("slurm.nodes=2", "slurm.tasks_per_node=1")
+    with ThreadPoolExecutor(max_workers=len(wanted)) as pool:
+        futures = {key: pool.submit(_run, slurm_nodes, root, *key, *across) for key in wanted}
+        return {key: future.result(timeout=3000) for key, future in futures.items()}
+
+
 @pytest.mark.multinode
 @pytest.mark.parametrize("spec, backend", _selected(TWO_NODES_CI))
-def test_a_sharded_run_across_two_nodes_trains_as_ddp_does(one_node, slurm_nodes, tmp_path, spec, backend):
-    run = _run(slurm_nodes, tmp_path, spec, backend, "slurm.nodes=2", "slurm.tasks_per_node=1")
-    _assert_trained_as_ddp(run, one_node[spec, "ddp"])
+def test_a_sharded_run_across_two_nodes_trains_as_ddp_does(two_nodes, slurm_nodes, spec, backend):
+    run = two_nodes[spec, backend]
+    _assert_trained_as_ddp(run, two_nodes[spec, "ddp"])
     hosts = events(run["paths"], "started")[0]["hosts"]
     assert len(set(hosts)) == 2 and set(hosts) <= set(slurm_nodes.nodes), hosts
