@@ -35,7 +35,7 @@ def read_phases(path: Path) -> list[tuple[str, float]]:
 
 
 def read_cases(path: Path) -> list[dict]:
-    """Each test case of the report: module, name, tier, seconds, outcome."""
+    """Each test case of the report: module, tier, seconds, outcome."""
     try:
         root = ET.parse(path).getroot()
     except (OSError, ET.ParseError) as error:
@@ -45,8 +45,7 @@ def read_cases(path: Path) -> list[dict]:
     for case in root.iter("testcase"):
         properties = {p.get("name"): p.get("value") for p in case.iter("property")}
         outcome = next((child.tag for child in case if child.tag in ("failure", "error", "skipped")), "passed")
-        cases.append({"module": module_of(case.get("classname", "?")),
-                      "name": case.get("name", "?"), "tier": properties.get("tier", "?"),
+        cases.append({"module": module_of(case.get("classname", "?")), "tier": properties.get("tier", "?"),
                       "seconds": float(case.get("time") or 0), "outcome": outcome})
     return cases
 

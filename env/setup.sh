@@ -108,7 +108,7 @@ read_versions() {
     while read -r name version; do have[$name]=$version; done < <("$py" - <<'PY'
 import importlib.metadata as metadata
 for name in ("torch", "hpc_train", "submitit", "h5py", "mpi4py", "deepspeed", "simplejpeg", "wandb",
-             "mlflow-skinny", "horovod"):
+             "mlflow-skinny"):
     try:
         print(name, metadata.version(name))
     except metadata.PackageNotFoundError:
@@ -208,9 +208,11 @@ fi
 
 # ---------------------------------------------------------------- 3. Horovod
 if [ "$horovod" -eq 1 ]; then
-    horovod_out="$(bash "$root/env/install-horovod.sh" "$py")" || { echo "$horovod_out"; exit 1; }
-    echo "$horovod_out"
-    case "$horovod_out" in *"already installed"*) ;; *) changed+=(horovod) ;; esac
+    # Its lines as they come (a build takes minutes), kept to tell whether it installed anything.
+    horovod_log="$(mktemp)"
+    bash "$root/env/install-horovod.sh" "$py" | tee "$horovod_log"
+    grep -q "already installed" "$horovod_log" || changed+=(horovod)
+    rm -f "$horovod_log"
 else
     say "horovod: skipped (--no-horovod)"
 fi
