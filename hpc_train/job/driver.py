@@ -47,11 +47,13 @@ log = logging.getLogger("hpc_train.driver")
 WORKER = "hpc_train.job.worker"   # the ranks' entry point (`bench train` starts its own)
 
 
-def rendezvous_ports(job_id: str | None, tries: int = 10) -> list[int]:
+def rendezvous_ports(job_id: str | None, driver_pid: int, tries: int = 10) -> list[int]:
     """Ports to try for torch.distributed's rendezvous, in order: a block of its own per job id
-    (20000-59999, below Linux's ephemeral range), so jobs sharing a node do not collide."""
-    block = int(job_id) % 4000 if job_id and job_id.isdigit() else 0
-    return [20000 + block * tries + i for i in range(tries)]
+    (20000-59999, below Linux's ephemeral range), so jobs sharing a node do not collide; outside
+    Slurm one per driver process. (One shared block let two local runs started together both find
+    its first port free: one's rank joined the other's rendezvous and hung until the watchdog.)"""
+    key = int(job_id) if job_id and job_id.isdigit() else driver_pid
+    return [20000 + key % 4000 * tries + i for i in range(tries)]
 
 
 def port_is_free(port: int) -> bool:
@@ -68,7 +70,7 @@ def port_is_free(port: int) -> bool:
 
 def rendezvous_port(job_id: str | None) -> int:
     """The first free port of this job's range, on this host (the first node, MASTER_ADDR)."""
-    candidates = rendezvous_ports(job_id)
+    candidates = rendezvous_ports(job_id, os.getpid())
     for port in candidates:
         if port_is_free(port):
             return port

@@ -2,10 +2,11 @@
 (2 CPU ranks, resnet_tiny, a few steps) and writes the report; each row ran what it names, as the
 ranks themselves recorded it. Timing is reported, never asserted.
 
-CI runs the default matrix without fp16 precision (autocast in fp16 is about 10x slower than
-fp32 on a CPU: its rows were most of the job's time); the whole default matrix with --heavy.
-fp16 precision itself is trained in CI by tests/e2e/test_submit_e2e.py and resumed exactly by
-tests/train/test_resume_exact.py."""
+CI runs the default matrix without fp16 precision and without gradient compression (autocast
+in fp16 is about 10x slower than fp32 on a CPU: its rows were most of the job's time; the
+compressed rows doubled the rest); the whole default matrix with --heavy. fp16 precision itself
+is trained in CI by tests/e2e/test_submit_e2e.py and resumed exactly, with fp16 compression, by
+tests/train/test_resume_exact.py; PowerSGD by tests/parallel/test_powersgd_runs.py."""
 
 from __future__ import annotations
 
@@ -32,14 +33,16 @@ def _ended(cluster, job_id: str) -> str:
                               timeout=240)
 
 
-# The precisions a matrix runs (its --precisions, the default's when None).
-MATRICES = {"fp32": ("fp32",), "default": None}
+# The precisions and compressions a matrix runs (--precisions, --compressions; the default's
+# when None).
+MATRICES = {"fp32": (("fp32",), ("none",)), "default": (None, None)}
 
 
 @pytest.mark.parametrize("matrix", heavy_params(list(MATRICES), {"default"}))
 def test_bench_train_submit_reports_every_configuration_of_the_matrix(matrix, slurm_cluster, tmp_path):
-    precisions = MATRICES[matrix]
-    chosen = ("--precisions", ",".join(precisions)) if precisions else ()
+    precisions, compressions = MATRICES[matrix]
+    chosen = (*(("--precisions", ",".join(precisions)) if precisions else ()),
+              *(("--compressions", ",".join(compressions)) if compressions else ()))
     out = cli("bench", "train", "jobs/smoke.yaml", "--submit", "--set", f"run.root={tmp_path}",
               "--set", "parallel.horovod.cycle_time_ms=2", *TINY, *chosen)
     assert out.returncode == 0, out.stderr
@@ -54,7 +57,8 @@ def test_bench_train_submit_reports_every_configuration_of_the_matrix(matrix, sl
     report = json.loads(wait_for(lambda: (root / "report.json").is_file() and (root / "report.json").read_text(),
                                  10, "report.json"))
 
-    asked = train_plan.Matrix(precisions=precisions) if precisions else train_plan.Matrix()
+    asked = train_plan.Matrix(**{key: value for key, value in (("precisions", precisions),
+                                                               ("compressions", compressions)) if value})
     expected = {c.name for c in train_plan.configurations(asked, 2, train_plan.SpecData(real=True))[0]}
     assert {row["name"] for row in report["rows"]} == expected and report["missing"] == []
     for row in report["rows"]:
@@ -78,8 +82,9 @@ def test_bench_train_submit_reports_every_configuration_of_the_matrix(matrix, sl
     assert methods["mpi4py"]["vs_mpi"] == 1.0 and methods["horovod gradients"]["target"] == 0.9
     assert report["allreduce"]["measured"]["torch_backend"] == "gloo"
     markdown = (root / "report.md").read_text()
-    # Horovod and DDP each with and without fp16 compression, each precision, 1 and 2 ranks, 2 data.
+    # Horovod and DDP each under each compression and precision, 1 and 2 ranks, 2 data.
     kinds = len(asked.precisions)
-    assert markdown.count("\n| trainer ") == 16 * kinds and markdown.count("\n| bare ") == 4 * kinds
+    assert markdown.count("\n| trainer ") == 8 * len(asked.compressions) * kinds
+    assert markdown.count("\n| bare ") == 4 * kinds
     assert (root / "report.png").stat().st_size > 10_000
     assert "| configuration | ranks | data | images/s |" in (root / "bench.out").read_text()

@@ -20,7 +20,8 @@ ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEM
 def test_without_any_event_a_job_failing_every_run_is_retried_once(slurm_cluster, tmp_path):
     # Rank 1 raises at step 3 of every run: no checkpoint is due before it (every_steps: 50).
     job_id, paths = submit("jobs/smoke.yaml", tmp_path, "run.name=no-events",
-                           "checkpoint.retries_on_failure=1", "launch.env.HPC_TRAIN_FAULT=raise:1:3",
+                           "checkpoint.retries_on_failure=1", "launch.restarts_in_job=0",
+                           "launch.env.HPC_TRAIN_FAULT=raise:1:3",
                            f"launch.env.{EVENTS_FAULT_ENV}=1", f"slurm.setup=[export {EVENTS_FAULT_ENV}=1]")
     slurm_cluster.job_ids.append(job_id)
     assert slurm_cluster.wait_state(job_id, ENDED, timeout=600) == "FAILED", describe_failure(paths)

@@ -16,9 +16,12 @@ TWO_NODES = Allocation((("hpcn1", 1), ("hpcn2", 1)))
 
 
 def test_each_job_has_its_own_block_of_ports():
-    first, second = rendezvous_ports("1234"), rendezvous_ports("1235")
+    first, second = rendezvous_ports("1234", 7), rendezvous_ports("1235", 7)
     assert len(set(first)) == len(first) == 10 and not set(first) & set(second)
-    assert all(20000 <= p < 60000 for p in first + rendezvous_ports("99999999"))
+    assert all(20000 <= p < 60000 for p in first + rendezvous_ports("99999999", 7))
+    # Outside Slurm, each driver process its own: two local runs started together do not meet.
+    assert not set(rendezvous_ports(None, 4242)) & set(rendezvous_ports(None, 4243))
+    assert rendezvous_ports("1234", 1) == rendezvous_ports("1234", 2)
 
 
 def test_a_taken_port_is_seen():
@@ -47,7 +50,7 @@ def test_srun_plan_inside_slurm(tmp_path):
     argv = launch_argv(plan)
     assert argv[:2] == ["srun", "--mpi=pmix"] and "--nodelist=hpcn1,hpcn2" in argv
     env = launcher_env(plan, environ)
-    assert env["MASTER_ADDR"] == "hpcn1" and int(env["MASTER_PORT"]) in rendezvous_ports("42")
+    assert env["MASTER_ADDR"] == "hpcn1" and int(env["MASTER_PORT"]) in rendezvous_ports("42", 0)
     assert env["OMP_NUM_THREADS"] == "1" and env["HPC_TRAIN_LAUNCHER"] == "srun"
 
 

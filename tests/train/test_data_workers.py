@@ -115,14 +115,15 @@ class _StuckDataset(Dataset):
         return 8
 
     def __getitem__(self, index):
-        self.entered.touch()
-        stuck_reading_a_sample()
+        stuck_reading_a_sample(self.entered)
         return index
 
 
-def stuck_reading_a_sample():
+def stuck_reading_a_sample(entered):
     # Stuck until the test kills this worker (or, should the test end first, this process is
-    # handed to another parent): never done by itself while the test looks at it.
+    # handed to another parent): never done by itself while the test looks at it. `entered` is
+    # touched in here, so that a stack dumped once it exists has this frame in it.
+    entered.touch()
     parent = os.getppid()
     while os.getppid() == parent:
         time.sleep(0.5)
