@@ -151,9 +151,10 @@ def heartbeat_step(paths: RunPaths, rank: int = 0) -> int:
 
 
 def drive(paths: RunPaths, signal_at_step: int | None = None, signum: int = 0, timeout: float = 300,
-          env=None) -> int:
+          env=None, signal_when=None) -> int:
     """Run the driver here (as a rendered script's `exec` would, minus Slurm); optionally send it
-    `signum` once rank 0 reports step >= signal_at_step. Returns the driver's exit status."""
+    `signum` once rank 0 reports step >= signal_at_step, or once `signal_when()` is true.
+    Returns the driver's exit status."""
     import signal as signals
     import time
 
@@ -165,16 +166,17 @@ def drive(paths: RunPaths, signal_at_step: int | None = None, signum: int = 0, t
         process = subprocess.Popen([sys.executable, "-m", "hpc_train.job.driver", str(paths.root)],
                                    cwd=REPO, env=environ, stdout=output, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + timeout
-    sent = signal_at_step is None
+    sent = signal_at_step is None and signal_when is None
     while process.poll() is None and time.monotonic() < deadline:
-        if not sent and heartbeat_step(paths) >= signal_at_step:
+        if not sent and (signal_when() if signal_when else heartbeat_step(paths) >= signal_at_step):
             process.send_signal(signum or signals.SIGUSR2)
             sent = True
         time.sleep(0.05)
     if process.poll() is None:
         process.kill()
         raise AssertionError(f"driver still running after {timeout} s\n{describe_failure(paths)}")
-    assert sent, f"the run ended before step {signal_at_step}"
+    assert sent, f"the run ended before step {signal_at_step}" if signal_when is None else \
+        "the run ended before signal_when held"
     return process.returncode
 
 

@@ -339,5 +339,8 @@ def test_bench_data_measures_every_configuration(tmp_path, capsys):
     assert rows["torchvision"]["vs_torchvision"] == 1.0 and rows["memory"]["vs_ceiling"] == 1.0
     for r in rows.values():   # --workers 0: the main process is the one core
         assert r["images_per_s_per_core"] == r["images_per_s"]
-        assert r["cores_per_gpu"] == pytest.approx(3000 / r["images_per_s"], abs=0.01)
+        # From the unrounded rate: within what rounding images_per_s to 0.1 allows (a slow
+        # machine's small rate makes that more than a fixed 0.01).
+        rate = r["images_per_s"]
+        assert 3000 / (rate + 0.05) - 0.005 <= r["cores_per_gpu"] <= 3000 / (rate - 0.05) + 0.005, r
     assert report["settings"]["page_cache"].startswith("warm")

@@ -14,9 +14,10 @@ import pytest
 
 from hpc_train.checkpoint import layout
 from hpc_train.checkpoint.manager import CheckpointManager
+from hpc_train.runtime.heartbeat import Phase
 from tests.conftest import REPO
-from tests.runs import (await_beat, describe_failure, drive, events, heartbeat_step, local_run, logged_step,
-                        wait_for)
+from tests.runs import (await_beat, describe_failure, drive, events, heartbeat_step, known_beat, local_run,
+                        logged_step, wait_for)
 
 SMALL = ["data.kind=synthetic", "data.train_samples=1024", "data.val_samples=0", "data.image_size=16",
          "data.workers=1", "log.every_steps=1", "launch.restarts_in_job=0"]   # failures end the run
@@ -172,12 +173,19 @@ def test_run_killed_while_saving_resumes_from_the_previous_checkpoint(tmp_path):
 @pytest.mark.horovod
 @pytest.mark.slow
 def test_a_stop_the_ranks_do_not_obey_is_a_stall_named_and_bounded(tmp_path):
-    """Rank 1 sleeps 120 s inside step 12; the driver's USR2 at step 10 cannot be agreed on
-    (the others wait for rank 1 in a collective). After the grace period (signal_seconds - 15,
-    at least 15 s) the driver names rank 1 and tears the ranks down, long before the sleep ends."""
+    """Rank 1 sleeps 120 s inside step 12; the driver's USR2, sent once rank 0 waits for it in
+    step 12's logging collective (rank 1 is then past its step's gradients, in or on its way to
+    the sleep), cannot be agreed on. After the grace period (signal_seconds - 15, at least 15 s)
+    the driver names rank 1 and tears the ranks down, long before the sleep ends. (A USR2 sent
+    at an earlier step was agreed on before rank 1 slept when steps were slow: a clean stop.)"""
     paths = local_run(tmp_path, *SMALL, "slurm.signal_seconds=25",
                       "launch.env.HPC_TRAIN_FAULT=sleep:1:12:120")
-    assert drive(paths, signal_at_step=10, signum=signal.SIGUSR2, timeout=180) == 1
+
+    def rank_0_waits_in_step_12() -> bool:
+        beat = known_beat(paths, 0)
+        return beat is not None and beat["step"] == 12 and beat["phase"] == Phase.SYNC
+
+    assert drive(paths, signum=signal.SIGUSR2, timeout=180, signal_when=rank_0_waits_in_step_12) == 1
     # Torn down while rank 1 still slept: no step after its 12th was trained (rank 0 waits for
     # it in step 13's all-reduce) and the stop was never saved, as both would be once it woke.
     assert logged_step(paths) <= 12 and not events(paths, "stop_saved")
