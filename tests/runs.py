@@ -165,18 +165,19 @@ def drive(paths: RunPaths, signal_at_step: int | None = None, signum: int = 0, t
     with open(paths.submitit / "local_0_log.err", "ab") as output:
         process = subprocess.Popen([sys.executable, "-m", "hpc_train.job.driver", str(paths.root)],
                                    cwd=REPO, env=environ, stdout=output, stderr=subprocess.STDOUT)
+    if signal_at_step is not None:
+        signal_when = lambda: heartbeat_step(paths) >= signal_at_step   # noqa: E731
     deadline = time.monotonic() + timeout
-    sent = signal_at_step is None and signal_when is None
+    sent = signal_when is None
     while process.poll() is None and time.monotonic() < deadline:
-        if not sent and (signal_when() if signal_when else heartbeat_step(paths) >= signal_at_step):
+        if not sent and signal_when():
             process.send_signal(signum or signals.SIGUSR2)
             sent = True
         time.sleep(0.05)
     if process.poll() is None:
         process.kill()
         raise AssertionError(f"driver still running after {timeout} s\n{describe_failure(paths)}")
-    assert sent, f"the run ended before step {signal_at_step}" if signal_when is None else \
-        "the run ended before signal_when held"
+    assert sent, f"the run ended before it was signalled (step {signal_at_step} or signal_when)"
     return process.returncode
 
 
