@@ -15,6 +15,7 @@ import os
 import subprocess
 import sys
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -59,6 +60,11 @@ def pytest_collection_modifyitems(config, items):
     # The JUnit report carries each test's tier: .ci/times.py sums CI's time by it.
     for item in items:
         item.user_properties.append(("tier", tier(item)))
+    # Modules with the most tests that start ranks or jobs first: pytest-xdist hands out modules
+    # in this order, and a long module handed out last runs alone on one worker while the other
+    # has nothing left. (A count, not a measured time: it needs no file of past durations.)
+    costly = Counter(item.path for item in items if tier(item) != "fast" and "heavy" not in item.keywords)
+    items.sort(key=lambda item: -costly[item.path])
     if heavy_requested(config):
         return
     skip = pytest.mark.skip(reason="heavy: runs with --heavy or HPC_TRAIN_HEAVY=1 (CI runs its reduced form)")

@@ -179,6 +179,11 @@ def _script_stage(paths, name, record, history, rows, local: bool) -> StageStatu
     elif known:
         state, elapsed = queue.combine([r.state for r in found]), _elapsed(found)
         reason = _reason(found, state)
+        if state == "CANCELLED" and verify.incomplete(paths, name, record, history) is None:
+            # The marker is the script's last line, written only after the work succeeded: a
+            # cancel that came after it (a submission failing midway cancels what it submitted)
+            # stopped nothing. `workflow resume` skips such a stage, so status agrees with it.
+            state, reason = "COMPLETED", "cancelled after its work was done (its outputs verify)"
     else:
         # Slurm has nothing (or not everything) to say: forgotten, accounting off or behind.
         # The stage's own files tell whether it is done.

@@ -108,8 +108,9 @@ def _mpi_launch_error(root: Path) -> RunPaths:
 @pytest.fixture(scope="module")
 def runs(slurm_cluster, tmp_path_factory):
     root = tmp_path_factory.mktemp("inspect")
-    job_id, life = submit("jobs/smoke.yaml", root, "run.name=life", "log.every_steps=4",
-                          "checkpoint.every_steps=12")
+    # One epoch (46 steps): requeued after its first checkpoint, then trained to the end.
+    job_id, life = submit("jobs/smoke.yaml", root, "run.name=life", "optim.epochs=1",
+                          "log.every_steps=4", "checkpoint.every_steps=12")
     slurm_cluster.job_ids.append(job_id)
     timelimit = RunPaths(root / "timelimit")
     timelimit.make_dirs()
@@ -135,10 +136,11 @@ def runs(slurm_cluster, tmp_path_factory):
     results["life_snapshots"] = snapshots
     slurm_cluster.wait_state(limit_id, ENDED, timeout=300)
     worker.join(timeout=600)
-    # A resume under a changed spec: the checkpoints were made with 2 epochs.
+    # A resume under a changed spec: the checkpoints were made with 1 epoch.
     changed = RunPaths(root / "changed")
     shutil.copytree(life.root, changed.root)
-    changed.spec.write_text(changed.spec.read_text().replace("epochs: 2", "epochs: 3"))
+    assert "epochs: 1\n" in changed.spec.read_text()
+    changed.spec.write_text(changed.spec.read_text().replace("epochs: 1\n", "epochs: 3\n"))
     results["spec"] = (changed, drive(changed, timeout=240))
     return results
 

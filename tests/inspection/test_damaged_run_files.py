@@ -20,9 +20,10 @@ DAMAGES = {
     "cut-in-half": lambda data: data[:len(data) // 2],
     "garbage": lambda data: bytes(range(256)) * 8,
     "empty": lambda data: b"",
-    # JSON (or YAML) nested past Python's recursion limit: its parsers raise RecursionError.
-    "nested-deep": lambda data: b"[" * 100_000 + b"]" * 100_000,
-    "a-nested-deep-line": lambda data: data + b"\n" + b"[" * 100_000 + b"]" * 100_000 + b"\n",
+    # JSON (or YAML) nested past Python's recursion limit (1000; 20 times that, should a library
+    # have raised it): its parsers raise RecursionError.
+    "nested-deep": lambda data: b"[" * 20_000 + b"]" * 20_000,
+    "a-nested-deep-line": lambda data: data + b"\n" + b"[" * 20_000 + b"]" * 20_000 + b"\n",
 }
 COMMANDS = (["status", "--no-slurm"], ["status", "--json", "--no-slurm"], ["diagnose"],
             ["report", "--no-slurm", "--no-plot"], ["logs", "--all-ranks"])

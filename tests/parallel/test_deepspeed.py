@@ -36,6 +36,8 @@ GPT = ("slurm.tasks_per_node=2", "parallel.pipeline.stages=1", "parallel.pipelin
        "data.train_samples=128", "data.val_samples=32", "data.seq_len=32", "data.batch_size=8",
        "model.options={layers: 2, dim: 32, heads: 2}", "optim.warmup_epochs=0", "log.every_steps=1")
 RUNS = {"smoke": ("jobs/smoke.yaml", SMOKE), "gpt": ("jobs/transformer_pipeline_cpu.yaml", GPT)}
+# ZeRO-3 keeps parameters under 1e5 elements whole on every rank by default: all of these.
+PARTITIONED = ("parallel.deepspeed.config={zero_optimization: {stage3_param_persistence_threshold: 0}}",)
 
 
 def spec_with(*overrides: str, spec_file: str = "jobs/smoke.yaml"):
@@ -165,26 +167,32 @@ def ddp_first_loss(tmp_path_factory):
 @needs_deepspeed
 @pytest.mark.mpi
 @pytest.mark.slow
-# CI runs the smoke job under ZeRO-3 here; tests/e2e/test_sharded_e2e.py runs the rest on Slurm.
-@pytest.mark.parametrize("job, stage", [
-    pytest.param(job, stage, marks=[] if (job, stage) == ("smoke", 3) else [pytest.mark.heavy])
-    for job in RUNS for stage in (1, 2, 3)])
+# The whole matrix with --heavy. CI covers it elsewhere: the first step against DDP's in
+# tests/e2e/test_sharded_e2e.py (ZeRO-3 and the GPT spec, ZeRO-1 and the smoke spec, on Slurm),
+# the shards and the whole-model digest on the straight run of
+# test_a_stopped_zero_run_resumes_bit_identical[3] (the smoke spec, ZeRO-3 partitioned).
+@pytest.mark.heavy
+@pytest.mark.parametrize("job, stage", [(job, stage) for job in RUNS for stage in (1, 2, 3)])
 def test_zero_trains_and_its_first_step_is_ddps(job, stage, tmp_path, ddp_first_loss):
     spec_file, overrides = RUNS[job]
-    # ZeRO-3 keeps parameters under 1e5 elements whole on every rank by default: all of these.
-    partitioned = ["parallel.deepspeed.config={zero_optimization: {stage3_param_persistence_threshold: 0}}"]
     paths = local_run(tmp_path, *overrides, "parallel.backend=deepspeed",
-                      f"parallel.deepspeed.stage={stage}", *(partitioned if stage == 3 else []),
+                      f"parallel.deepspeed.stage={stage}", *(PARTITIONED if stage == 3 else []),
                       name=f"ds{stage}-{job}", spec_file=spec_file)
     assert drive(paths) == 0
+    assert first_loss(paths) == pytest.approx(ddp_first_loss(job), abs=1e-6)
+    assert_every_rank_saved_and_ended_whole(paths)
+
+
+def assert_every_rank_saved_and_ended_whole(paths) -> None:
+    """Both ranks finished; the last checkpoint holds each rank's optimizer shard; every rank's
+    end digest is of the whole model (ZeRO-3 too, whose ranks hold a part each)."""
     finished = events(paths, "rank_finished")
     assert {e["rank"] for e in finished} == {0, 1}
-    assert first_loss(paths) == pytest.approx(ddp_first_loss(job), abs=1e-6)
-    [final] = [p for p in paths.checkpoints.iterdir() if p.name.startswith("step-")]
+    final = sorted((p for p in paths.checkpoints.iterdir() if p.name.startswith("step-")),
+                   key=lambda p: int(p.name.split("-")[1]))[-1]
     shards = sorted(p.name for p in (final / layout.SHARDED / ENGINE_TAG).iterdir())
     assert [n for n in shards if "optim_states" in n] == [
         f"zero_pp_rank_{r}_mp_rank_00_optim_states.pt" for r in (0, 1)]   # every rank its shard
-    # Every rank's end digest is of the whole model (ZeRO-3 too, whose ranks hold a part each).
     assert {e["params_sha256"] for e in finished} == {whole_model_digest(paths, final)}
 
 
@@ -215,9 +223,11 @@ def engine_tensors(paths, step: int) -> dict:
 def test_a_stopped_zero_run_resumes_bit_identical(stage, tmp_path):
     import torch
 
-    overrides = [*SMOKE, "optim.epochs=2", "parallel.backend=deepspeed", f"parallel.deepspeed.stage={stage}"]
+    overrides = [*SMOKE, "optim.epochs=2", "parallel.backend=deepspeed", f"parallel.deepspeed.stage={stage}",
+                 *(PARTITIONED if stage == 3 else [])]
     straight = local_run(tmp_path, *overrides, name="straight")
     assert drive(straight) == 0
+    assert_every_rank_saved_and_ended_whole(straight)
     stopped = local_run(tmp_path, *overrides, name="stopped")
     assert drive(stopped, signal_at_step=2, signum=signal.SIGUSR2) == STOP_EXIT   # agreed at step 5
     assert drive(stopped) == 0

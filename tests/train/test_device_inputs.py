@@ -66,18 +66,17 @@ def test_loaders_hand_over_uint8_when_asked():
 @pytest.mark.horovod
 @pytest.mark.slow
 def test_uint8_and_float_paths_train_the_smoke_job_alike(tmp_path):
-    """One epoch of jobs/smoke.yaml (shards, augmentation, 2 workers, Horovod) each way: the
-    same validation accuracy (on CPU the very same weights: the same x * a + b arithmetic)."""
+    """12 steps of jobs/smoke.yaml (shards, augmentation, 2 workers, Horovod) each way: on CPU
+    the very same losses and weights (the same x * a + b arithmetic)."""
+    from hpc_train.rundir import read_jsonl
+
     results = {}
     for where in ("device", "workers"):
-        paths = local_run(tmp_path, "optim.epochs=1", f"data.normalize_on={where}", name=where)
+        paths = local_run(tmp_path, "optim.max_steps=12", "log.every_steps=1",
+                          f"data.normalize_on={where}", name=where)
         assert drive(paths) == 0, describe_failure(paths)
-        from hpc_train.rundir import read_jsonl
-
-        val = [m for m in read_jsonl(paths.metrics) if m.get("split") == "val"]
+        losses = [m["loss"] for m in read_jsonl(paths.metrics) if m.get("split") is None]
         digests = {e["params_sha256"] for e in events(paths, "rank_finished")}
-        assert val and len(digests) == 1
-        results[where] = (val[-1]["accuracy"], digests.pop())
-    (acc_u8, digest_u8), (acc_f32, digest_f32) = results["device"], results["workers"]
-    assert abs(acc_u8 - acc_f32) <= 0.02 and acc_u8 > 0.2, results      # chance is 0.1
-    assert digest_u8 == digest_f32
+        assert len(losses) == 12 and len(digests) == 1
+        results[where] = (losses, digests.pop())
+    assert results["device"] == results["workers"], results

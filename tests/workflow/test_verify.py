@@ -59,3 +59,22 @@ def test_what_a_later_stage_waits_for_on_resume():
     assert waiting_job(history, "shard") == "11"                  # the manifest job, last
     assert waiting_job(history, "train") == "12:20"               # both arrays
     assert current_jobs(history, "train") == ["12_0", "12_2", "20_1", "20_3"]
+
+
+def test_a_stage_cancelled_after_its_work_was_done_is_completed_as_resume_counts_it(tmp_path):
+    """A submission failing midway cancels what it submitted: an array whose tasks had already
+    written their markers ends CANCELLED in Slurm, yet its work is done (resume skips it)."""
+    from hpc_train.scheduler import Job, JobState
+    from hpc_train.workflow import events
+    from hpc_train.workflow.status import _script_stage
+
+    paths = WorkflowPaths(tmp_path)
+    record = {"kind": "command", "tasks": 2, "outputs": {}}
+    history = [events.stage_submitted("fetch", {"array": "23"})]
+    rows = {f"23_{k}": Job(job_id=f"23_{k}", state=JobState.CANCELLED) for k in (0, 1)}
+    paths.stage_dir("fetch").mkdir(parents=True)
+    paths.marker("fetch", 0).touch()
+    assert _script_stage(paths, "fetch", record, history, rows, local=False).state == "CANCELLED"
+    paths.marker("fetch", 1).touch()
+    done = _script_stage(paths, "fetch", record, history, rows, local=False)
+    assert done.state == "COMPLETED" and "outputs verify" in done.reason
