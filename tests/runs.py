@@ -150,7 +150,7 @@ def heartbeat_step(paths: RunPaths, rank: int = 0) -> int:
     return max([beat, *logged[-1:]])
 
 
-def drive(paths: RunPaths, signal_at_step: int | None = None, signum: int = 0, timeout: float = 300,
+def drive(paths: RunPaths, signal_at_step: int | None = None, signum: int = 0, timeout: float = 900,
           env=None, signal_when=None) -> int:
     """Run the driver here (as a rendered script's `exec` would, minus Slurm); optionally send it
     `signum` once rank 0 reports step >= signal_at_step, or once `signal_when()` is true.

@@ -24,7 +24,7 @@ pytestmark = [pytest.mark.mpi, pytest.mark.horovod, pytest.mark.slow]
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory):
     paths = local_run(tmp_path_factory.mktemp("runs"), name="smoke")
-    assert drive(paths, timeout=240) == 0, describe_failure(paths)
+    assert drive(paths) == 0, describe_failure(paths)
     return paths
 
 

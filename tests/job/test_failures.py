@@ -30,7 +30,7 @@ SMALL = ["data.kind=synthetic", "data.train_samples=1024", "data.val_samples=0",
 def test_raising_rank_fails_the_run_named_and_bounded(backend, tmp_path):
     paths = local_run(tmp_path, *SMALL, f"parallel.backend={backend}",
                       "launch.env={OMP_NUM_THREADS: '1', HPC_TRAIN_FAULT: 'raise:1:5'}")
-    assert drive(paths, timeout=180) == 1
+    assert drive(paths) == 1
     failed = events(paths, "rank_failed")
     # The first failure is the cause; others may follow it (Horovod shuts down on every rank).
     assert failed[0]["rank"] == 1
@@ -185,7 +185,7 @@ def test_a_stop_the_ranks_do_not_obey_is_a_stall_named_and_bounded(tmp_path):
         beat = known_beat(paths, 0)
         return beat is not None and beat["step"] == 12 and beat["phase"] == Phase.SYNC
 
-    assert drive(paths, signum=signal.SIGUSR2, timeout=180, signal_when=rank_0_waits_in_step_12) == 1
+    assert drive(paths, signum=signal.SIGUSR2, signal_when=rank_0_waits_in_step_12) == 1
     # Torn down while rank 1 still slept: no step after its 12th was trained (rank 0 waits for
     # it in step 13's all-reduce) and the stop was never saved, as both would be once it woke.
     assert logged_step(paths) <= 12 and not events(paths, "stop_saved")

@@ -63,7 +63,7 @@ def test_a_killed_rank_is_restarted_in_the_job_from_the_last_checkpoint(tmp_path
 def test_a_rank_failing_on_every_start_spends_the_restarts_then_fails(tmp_path):
     paths = local_run(tmp_path, *SMALL, "launch.restarts_in_job=1",
                       "launch.env.HPC_TRAIN_FAULT=raise:1:2")
-    assert drive(paths, timeout=300) == 1
+    assert drive(paths) == 1
     assert [e["launch"] for e in events(paths, "started")] == [0, 1]
     assert len(events(paths, "restarted")) == 1
     finished = events(paths, "finished")[-1]

@@ -18,7 +18,7 @@ def test_knobs_reach_every_rank_and_the_timeline_lands_in_the_run_directory(tmp_
     paths = local_run(tmp_path, "optim.max_steps=6", "data.workers=1", "parallel.horovod.timeline=true",
                       "parallel.horovod.autotune=true", "parallel.horovod.cycle_time_ms=2.5",
                       "parallel.horovod.fusion_threshold_mb=16", name="knobs")
-    assert drive(paths, timeout=240) == 0, describe_failure(paths)
+    assert drive(paths) == 0, describe_failure(paths)
     for rank in (0, 1):
         line = re.search(r"horovod 2 ranks, knobs (\{.*\})", paths.rank_log(rank).read_text()).group(1)
         knobs = ast.literal_eval(line)   # the dict as the rank logged it

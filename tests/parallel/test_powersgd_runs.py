@@ -33,14 +33,14 @@ def straight(tmp_path_factory):
     runs = {"powersgd": local_run(root, *POWERSGD, name="powersgd"),
             "none": local_run(root, "parallel.backend=ddp", "log.every_steps=1", name="none")}
     for paths in runs.values():
-        assert drive(paths, timeout=600) == 0
+        assert drive(paths) == 0
     return runs
 
 
 def test_a_stopped_powersgd_run_resumes_bit_identical(straight, tmp_path):
     stopped = local_run(tmp_path, *POWERSGD, name="stopped")
-    assert drive(stopped, signal_at_step=30, signum=signal.SIGUSR2, timeout=600) == STOP_EXIT
-    assert drive(stopped, timeout=600) == 0
+    assert drive(stopped, signal_at_step=30, signum=signal.SIGUSR2) == STOP_EXIT
+    assert drive(stopped) == 0
     [stop] = events(stopped, "stop_saved")
     assert [e["step"] for e in events(stopped, "resumed")] == [stop["step"]] and stop["step"] > 10
     assert_same_training(stopped, straight["powersgd"], TOTAL_STEPS)   # compression state included

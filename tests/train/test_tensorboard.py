@@ -55,8 +55,8 @@ def test_a_restarted_run_continues_its_curves_without_duplicates(tmp_path):
     # from step 10 and logs steps 11-15 again.
     paths = local_run(tmp_path, "optim.epochs=1", "log.every_steps=1", "checkpoint.every_steps=10",
                       "launch.restarts_in_job=0")
-    assert drive(paths, env={**os.environ, "HPC_TRAIN_FAULT": "raise:0:15"}, timeout=240) == 1
-    assert drive(paths, timeout=240) == 0
+    assert drive(paths, env={**os.environ, "HPC_TRAIN_FAULT": "raise:0:15"}) == 1
+    assert drive(paths) == 0
     assert events(paths, "resumed")[0]["from_checkpoint"] == 10
     total = events(paths, "rank_finished")[0]["step"]
     raw = _raw_steps(paths.tensorboard, "train/loss")

@@ -56,8 +56,8 @@ def test_a_restarted_run_continues_its_tracker_runs_with_each_step_once(tmp_path
     # from step 10 and trains steps 11-15 again, which the trackers had logged.
     paths = local_run(tmp_path, "optim.epochs=1", "log.every_steps=1", "checkpoint.every_steps=10",
                       "launch.restarts_in_job=0", "log.trackers=[wandb, mlflow]")
-    assert drive(paths, env={**os.environ, "HPC_TRAIN_FAULT": "raise:0:15"}, timeout=240) == 1
-    assert drive(paths, timeout=240) == 0
+    assert drive(paths, env={**os.environ, "HPC_TRAIN_FAULT": "raise:0:15"}) == 1
+    assert drive(paths) == 0
     assert events(paths, "resumed")[0]["from_checkpoint"] == 10
     total = events(paths, "rank_finished")[0]["step"]
     steps = list(range(1, total + 1))
