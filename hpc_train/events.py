@@ -16,6 +16,7 @@ import errno
 import logging
 import os
 import time
+from collections import Counter
 
 from hpc_train import scheduler
 from hpc_train.rundir import RunPaths, append_jsonl, read_jsonl
@@ -59,6 +60,14 @@ CAUSE_FAILURE = "failure"          # a rank failed
 CAUSE_STALL = "stall"              # the watchdog found no progress and tore the ranks down
 CAUSE_NODE = "node_failure"        # a node died: counts toward checkpoint.retries_on_node_failure
 FAILURE_CAUSES = (CAUSE_FAILURE, CAUSE_STALL)
+STOP_CAUSES = (CAUSE_STOP, CAUSE_INTERRUPTED)
+
+# What asked for a stop that ended a run (`requeued.stop`, `finished.stop`; the run state's
+# `stops`): status, report and the run state count each apart. Absent in runs made before.
+STOP_TIME_LIMIT = "time_limit"   # Slurm's --signal (USR2 to the batch shell) or the ranks' deadline
+STOP_PREEMPTED = "preempted"     # a preemption's grace: Slurm's SIGTERM to the job's steps
+STOP_SIGNAL = "signal"           # another signal to the job (scancel --signal, scontrol requeue)
+STOP_KINDS = (STOP_TIME_LIMIT, STOP_PREEMPTED, STOP_SIGNAL)
 
 # How a job ended for good (`finished.status`), and the Slurm-like state each one shows as.
 FINISHED_STATES = {"completed": "COMPLETED", "failed": "FAILED", "stopped": "STOPPED",
@@ -178,20 +187,34 @@ def restarted(reason: str, cause: str, attempt: int, budget: int, returncode: in
 
 
 def requeued(reason: str, cause: str, by: str, detail: str, returncode: int, seconds: float,
-             driver_cpu_seconds: float | None = None) -> dict:
+             driver_cpu_seconds: float | None = None, stop: str | None = None) -> dict:
     """by: "driver" (our scontrol requeue) or "slurm" (Slurm had requeued the job already);
-    seconds: how long the ranks ran; driver_cpu_seconds: the driver's own CPU time meanwhile."""
+    seconds: how long the ranks ran; driver_cpu_seconds: the driver's own CPU time meanwhile;
+    stop: what asked for the stop (STOP_KINDS), when a stop ended the run."""
     return {"event": REQUEUED, "reason": reason, "cause": cause, "by": by, "detail": detail,
-            "returncode": returncode, "seconds": seconds, **_driver_cpu(driver_cpu_seconds)}
+            "returncode": returncode, "seconds": seconds, **_driver_cpu(driver_cpu_seconds),
+            **_stop(stop)}
 
 
 def finished(status: str, reason: str, returncode: int | None, seconds: float,
-             driver_cpu_seconds: float | None = None) -> dict:
-    """seconds and driver_cpu_seconds as requeued's, of the last start of the ranks."""
+             driver_cpu_seconds: float | None = None, stop: str | None = None) -> dict:
+    """seconds, driver_cpu_seconds and stop as requeued's, of the last start of the ranks."""
     if status not in FINISHED_STATES:
         raise ValueError(f"unknown finished status {status!r}")
     return {"event": FINISHED, "status": status, "reason": reason, "returncode": returncode,
-            "seconds": seconds, **_driver_cpu(driver_cpu_seconds)}
+            "seconds": seconds, **_driver_cpu(driver_cpu_seconds), **_stop(stop)}
+
+
+def _stop(kind: str | None) -> dict:
+    if kind is not None and kind not in STOP_KINDS:
+        raise ValueError(f"unknown stop kind {kind!r}")
+    return {} if kind is None else {"stop": kind}
+
+
+def stops(events: list[dict]) -> dict[str, int]:
+    """How many runs each kind of stop ended (requeued or finished), by STOP_KINDS."""
+    counted = Counter(e.get("stop") for e in named(events, REQUEUED, FINISHED))
+    return {kind: counted[kind] for kind in STOP_KINDS if counted[kind]}
 
 
 def _driver_cpu(seconds: float | None) -> dict:
@@ -376,7 +399,7 @@ def ended_by_stop(event: dict | None) -> bool:
     if event is None:
         return False
     if event.get("event") == REQUEUED:
-        return event.get("cause") in (CAUSE_STOP, CAUSE_INTERRUPTED)
+        return event.get("cause") in STOP_CAUSES
     return event.get("event") == FINISHED and event.get("status") == "stopped"
 
 

@@ -39,6 +39,9 @@ class RunState:
     # Where the last checkpoint stands (train/state.Progress: step, epoch, consumed, samples,
     # samples_per_step, world_size): `resume` tells a change of world size from it.
     last_save: dict[str, int] | None = None
+    # Runs ended by a stop, per what asked for it (events.STOP_KINDS: time_limit, preempted,
+    # signal): preemptions counted apart from time limits. No decision reads it yet.
+    stops: dict[str, int] = field(default_factory=dict)
 
     def failed_runs(self) -> int:
         """Runs that failed or stalled and were retried: what checkpoint.retries_on_failure bounds."""
@@ -62,6 +65,9 @@ class RunState:
     def with_last_save(self, position: dict) -> RunState:
         return replace(self, last_save=_counts(position))
 
+    def with_stop(self, kind: str) -> RunState:
+        return replace(self, stops=_plus_one(self.stops, kind))
+
 
 def parse(data) -> RunState:
     """The file's JSON -> RunState; ValueError when it is not a run state."""
@@ -71,7 +77,8 @@ def parse(data) -> RunState:
                         tuple((a, str(b)) for a, b in data.get("consented_specs", [])),
                         None if cut is None else tuple(int(n) for n in cut),
                         _counts(data.get("restarts_in_job", {})),
-                        None if save is None else _counts(save))
+                        None if save is None else _counts(save),
+                        _counts(data.get("stops", {})))
     except (AttributeError, TypeError, ValueError) as exc:
         raise ValueError(f"not a run state: {exc}") from exc
 
@@ -93,7 +100,7 @@ def from_events(history: list[dict]) -> RunState:
                      for e in events.named(history, events.SPEC_CHANGE_ALLOWED))
     cuts = events.named(history, events.PIPELINE_CUT)
     return RunState(dict(retries), consents, tuple(cuts[0]["sizes"]) if cuts else None,
-                    dict(restarts))
+                    dict(restarts), stops=events.stops(history))
 
 
 def _load(paths: RunPaths) -> tuple[RunState, dict]:

@@ -38,7 +38,7 @@ require_root() {
     fi
 }
 
-# parse_args "$@": sets STATE (absolute), PURGE and NODES (MULTI=1 when NODES >= 2).
+# parse_args "$@": sets STATE (absolute), PURGE, PREEMPTION and NODES (MULTI=1 when NODES >= 2).
 # Precedence for the state dir: --state-dir, then $HPC_TRAIN_SLURM_STATE (single node) or
 # $HPC_TRAIN_SLURM_NODES_STATE (--nodes N >= 2), then <repo root>/.slurm-state or
 # <repo root>/.slurm-state-nodes (repo root = two levels above env/slurm). Without --nodes, a state
@@ -46,6 +46,7 @@ require_root() {
 parse_args() {
     local repo_root state="" nodes=""
     PURGE=0
+    PREEMPTION=1
     while [[ $# -gt 0 ]]; do
         case "$1" in
             --state-dir) [[ $# -ge 2 ]] || die "--state-dir needs a value"; state=$2; shift 2 ;;
@@ -53,6 +54,7 @@ parse_args() {
             --nodes) [[ $# -ge 2 ]] || die "--nodes needs a value"; nodes=$2; shift 2 ;;
             --nodes=*) nodes=${1#*=}; shift ;;
             --purge) PURGE=1; shift ;;
+            --no-preemption) PREEMPTION=0; shift ;;
             -h|--help) usage; exit 0 ;;
             *) die "unknown argument: $1 (see --help)" ;;
         esac

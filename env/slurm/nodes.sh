@@ -37,7 +37,7 @@ TmpFS=$NODE_TMP/%n
 # minutes; the job's own recovery (hpc_train's driver) never waits for it.
 SlurmdTimeout=20
 $(conf_essentials)
-${nodelines}PartitionName=debug Nodes=${NODE_PREFIX}[1-$NODES] Default=YES MaxTime=INFINITE State=UP
+${nodelines}$(partition_lines "${NODE_PREFIX}[1-$NODES]")
 EOF
     mv -f -- "$CONF.tmp" "$CONF"
     chmod 644 -- "$CONF"

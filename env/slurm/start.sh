@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Start a private single-node Slurm 22.05 cluster (with accounting) without systemd.
 #
-#   bash env/slurm/start.sh [--state-dir DIR] [--nodes N]
+#   bash env/slurm/start.sh [--state-dir DIR] [--nodes N] [--no-preemption]
 #
 # Order: munged -> private mariadbd -> slurmdbd -> slurmctld -i -> slurmd, then wait until the
 # node is idle and sacct answers. Idempotent: if our daemons already run and sinfo answers it
@@ -11,6 +11,11 @@
 # each a slurmd in its own network/UTS/mount namespace on a private bridge (see netns.sh), with
 # its own mariadbd/slurmdbd/slurmctld and ports. It can run next to the single-node one and never
 # touches /etc/slurm: use it with the `export SLURM_CONF=...` line printed last.
+#
+# Preemption as many sites configure it (--no-preemption: none): partition priority tiers,
+# PreemptMode=REQUEUE; the default partition `debug` (tier 1) has a 30 s GraceTime, and jobs of
+# partition `urgent` (tier 2, same nodes) preempt its jobs. Nothing is preempted until a job is
+# submitted to `urgent`: only the preemption tests do.
 set -euo pipefail
 
 usage() {
@@ -125,6 +130,28 @@ start_munged() {
 # The settings both clusters share (single node and multi-node), verified on this machine.
 # An unquoted heredoc: no backquotes or $( in its comments, which the shell would run while
 # writing the file (a quoted `scontrol ...` here once cost every fresh start a minute).
+# The Preempt* keys must stand before the NodeName and PartitionName lines (slurmctld ignores
+# them after), which is where conf_essentials goes.
+preemption_conf() {
+    ((PREEMPTION)) || return 0
+    cat <<EOF
+PreemptType=preempt/partition_prio
+PreemptMode=REQUEUE
+EOF
+}
+
+# partition_lines NODES: the default partition, and with preemption the tier that preempts it.
+# GraceTime=30: at its start Slurm signals the preempted job's steps (SIGTERM), at its end the
+# batch step, then SIGKILL after KillWait.
+partition_lines() {
+    if ((PREEMPTION)); then
+        echo "PartitionName=debug Nodes=$1 Default=YES MaxTime=INFINITE State=UP PriorityTier=1 GraceTime=30"
+        echo "PartitionName=urgent Nodes=$1 MaxTime=INFINITE State=UP PriorityTier=2 PreemptMode=OFF"
+    else
+        echo "PartitionName=debug Nodes=$1 Default=YES MaxTime=INFINITE State=UP"
+    fi
+}
+
 conf_essentials() {
     cat <<EOF
 SlurmUser=root
@@ -174,6 +201,7 @@ JobAcctGatherType=jobacct_gather/linux
 JobCompType=jobcomp/none
 # No mail in the sandbox; the default /bin/mail is missing and slurmctld logs an error.
 MailProg=/bin/true
+$(preemption_conf)
 EOF
 }
 
@@ -206,7 +234,7 @@ SlurmctldLogFile=$LOG/slurmctld.log
 SlurmdLogFile=$LOG/slurmd.log
 $(conf_essentials)
 NodeName=$NODE NodeAddr=127.0.0.1 CPUs=$NODE_CPUS RealMemory=$mem_mb State=UNKNOWN
-PartitionName=debug Nodes=$NODE Default=YES MaxTime=INFINITE State=UP
+$(partition_lines "$NODE")
 EOF
     mv -f -- "$CONF.tmp" "$CONF"
     chmod 644 -- "$CONF"

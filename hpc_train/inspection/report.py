@@ -39,6 +39,7 @@ class Report:
     samples_counted: int | None = None    # the trainer's own count (holds across a resize)
     unknown: list[str] = field(default_factory=list)
     timeline: str | None = None
+    stops: dict[str, int] = field(default_factory=dict)   # runs ended by a stop, per kind (events.STOP_KINDS)
 
     @property
     def requeues(self) -> int:
@@ -78,7 +79,8 @@ class Report:
         return {
             "run": self.run, "job_ids": self.job_ids, "segments": [
                 {**w.__dict__, "elapsed": w.elapsed(self.now)} for w in self.windows],
-            "requeues": self.requeues, "restarts_in_job": self.restarts_in_job, "usage": self.usage.__dict__,
+            "requeues": self.requeues, "stops": self.stops, "restarts_in_job": self.restarts_in_job,
+            "usage": self.usage.__dict__,
             "checkpoints": {"saves": self.checkpoint_saves, "seconds": self.checkpoint_seconds},
             "restarts": [{**r.__dict__, "wait": r.wait, "startup": r.startup,
                           "redone_steps": r.redone_steps, "redone_seconds": r.redone_seconds,
@@ -139,7 +141,7 @@ def build_report(paths: RunPaths, slurm: bool = True, now: float | None = None,
     report = Report(paths.root.name, job_ids, windows, usage, restarts, saves, seconds, last_step,
                     per_step, gpu, now, "sequences" if model == "gpt" else "images",
                     slowest(read_beats(paths.heartbeat, ev.start_time(events)), spec),
-                    len(ev.named(events, ev.STRAGGLER)), counted, unknown)
+                    len(ev.named(events, ev.STRAGGLER)), counted, unknown, stops=ev.stops(events))
     if plot and windows:
         from hpc_train.inspection.timeline import build_timeline, write_timeline
 

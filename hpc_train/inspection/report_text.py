@@ -27,6 +27,7 @@ def summary_rows(r: Report) -> list[tuple[str, str]]:
     rows = [("run", r.run), ("jobs", ", ".join(r.job_ids) or "-"),
             ("segments", f"{len(r.windows)}  ({r.requeues} requeue(s)"
              + (f", {resumes} resubmission(s)" if resumes else "") + ")"),
+            ("stops", counts_by_cause(r.stops).replace("_", " ")),
             ("restarts in job", counts_by_cause(r.restarts_in_job)),
             ("core-hours", f"{u.core_hours:.4f}{source}"), ("GPU-hours", f"{u.gpu_hours:.4f}{source}"),
             ("CPU efficiency", "-" if u.cpu_efficiency is None else

@@ -153,12 +153,15 @@ def match_signatures(lines: Iterable[tuple[str, str]]) -> list[Match]:
 
 
 def missing_ranks(lines: Iterable[str]) -> list[int]:
-    """Ranks listed under Horovod's stall warning ("Missing ranks:" then "1: [tensor...]")."""
+    """Ranks listed under Horovod's last stall warning ("Missing ranks:" then "1: [tensor...]").
+    Horovod repeats the warning while a stall lasts: an earlier one is history (on a loaded node
+    a rank can be a few seconds late at a collective, past HOROVOD_STALL_CHECK_TIME_SECONDS)."""
     ranks: set[int] = set()
     listing = False
     for line in lines:
         if line.startswith("Missing ranks:"):
             listing = True
+            ranks = set()
             continue
         match = _MISSING_RANK.match(line) if listing else None
         if match:

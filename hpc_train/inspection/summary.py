@@ -62,6 +62,7 @@ class RunStatus:
     health: Health
     slowest: dict | None = None       # the rank the others wait for (`slowest`), from the beats
     restarts_in_job: dict[str, int] = field(default_factory=dict)   # per cause (the run state)
+    stops: dict[str, int] = field(default_factory=dict)   # runs ended by a stop, per kind (events.STOP_KINDS)
     lost_nodes: dict[str, str] = field(default_factory=dict)  # the job's nodes Slurm shows lost: state
     diagnosis: dict | None = None     # set by the caller for failed or stalled runs
     # The run's experiment trackers: tracker, run_id, command (W&B: `wandb sync`), what.
@@ -160,6 +161,7 @@ def summarize(run: RunFiles, now: float, slurm: Job | None = None,
         job_id=submission[0] if submission else None,
         state=state, state_source=slurm.source if slurm else "events",
         requeues=max(len(requeued), ev.restarts(events)), requeue_reasons=ev.requeue_reasons(events),
+        stops=ev.stops(events),
         step=last.get("step"), total_steps=total, epoch=last.get("epoch"), loss=last.get("loss"),
         accuracy=val[-1].get("accuracy") if val else None, lr=last.get("lr"), throughput=flow,
         efficiency=efficiency, world_size=world, eta_seconds=eta,

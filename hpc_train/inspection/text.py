@@ -47,7 +47,8 @@ def status_rows(s: RunStatus) -> list[tuple[str, str]]:
     ckpt = "-" if s.checkpoint_step is None else \
         f"step {s.checkpoint_step}, {duration(s.checkpoint_age_seconds)} ago"
     rows = [("run", s.name), ("job", s.job_id or "-"), ("state", f"{s.state}  (from {s.state_source})"),
-            ("requeues", requeues), ("restarts", f"{counts_by_cause(s.restarts_in_job)} in the job"),
+            ("requeues", requeues), ("stops", counts_by_cause(s.stops).replace("_", " ")),
+            ("restarts", f"{counts_by_cause(s.restarts_in_job)} in the job"),
             ("step", steps), ("loss", _num(s.loss)),
             ("accuracy", _num(s.accuracy, ".3f")), ("lr", _num(s.lr)), ("throughput", flow)]
     if s.efficiency is not None:

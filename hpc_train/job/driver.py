@@ -26,7 +26,9 @@ import hpc_train
 from hpc_train import events, run_state, scheduler
 from hpc_train.errors import LaunchError, SpecError
 from hpc_train.job.node_fault import NodeFault, node_fault
-from hpc_train.job.requeue import Budget, Decision, Ended, decide, ending_status, requeue_path
+from hpc_train.job.requeue import (Budget, Decision, Ended, decide, ending_status, requeue_path,
+                                  stop_kind, stop_words)
+from hpc_train.job.sentinel import Sentinel, sentinel_argv
 from hpc_train.job.supervise import LauncherOutput, StopForwarder, Watch, supervise
 from hpc_train.job.watchdog import Standing
 from hpc_train.launch.allocation import (Allocation, allocation_from_slurm, local_allocation,
@@ -196,6 +198,7 @@ def run_driver(run_dir: str | Path) -> Decision:
     # The handlers stay until the outcome is recorded: our own requeue makes Slurm SIGTERM this
     # process at once, and the default action would end it before the `requeued` event.
     forwarder = StopForwarder()
+    sentinel = start_sentinel(spec, environ, forwarder)
     try:
         for index in itertools.count():
             launch = Launch(index, deadline, end, hosts, lost)
@@ -204,7 +207,24 @@ def run_driver(run_dir: str | Path) -> Decision:
                 return decision
             lost = launch.lost_with(ended.node_fault)
     finally:
+        if sentinel is not None:
+            sentinel.close()
         forwarder.restore()
+
+
+def start_sentinel(spec: JobSpec, environ, forwarder: StopForwarder) -> Sentinel | None:
+    """The preemption sentinel step (sentinel.py), where nothing else of ours would hear a
+    preemption's grace start: under Slurm with mpirun (srun's ranks are a step and hear it).
+    A step that cannot start costs only that: the grace is then heard at its end, as before."""
+    if not under_slurm(environ) or spec.launch.method != "mpirun" or not spec.launch.preemption_sentinel:
+        return None
+    argv = sentinel_argv(sys.executable, environ.get("SLURMD_NODENAME"))
+    try:
+        return Sentinel(argv, forwarder.preempted, env=environ)
+    except OSError as exc:
+        log.warning("could not start the preemption sentinel (%s): a preemption's grace is heard "
+                    "at its end only", exc)
+        return None
 
 
 @dataclass(frozen=True)
@@ -250,16 +270,20 @@ def run_ranks(paths: RunPaths, spec: JobSpec, environ, forwarder: StopForwarder,
                   spec.launch.straggler_warn)
     returncode, stall = supervise(process, forwarder, watch)
     if forwarder.reason:
-        events.try_record(paths, events.stop_requested(forwarder.reason, "driver signal"))
+        events.try_record(paths, events.stop_requested(forwarder.reason, forwarder.source))
     fault = None
-    if returncode != 0 or stall:
+    # A signal to the job's steps (a preemption's grace, the time limit's end) ends Open MPI's
+    # daemons on the other nodes, a step of their own: mpirun then reports a lost daemon of a
+    # node that lives. A stop the driver heard is no node's death.
+    if (returncode != 0 or stall) and forwarder.reason is None:
         fault = lost_node(returncode, output.tail(), allocation, environ)
     if fault is not None:
         events.try_record(paths, events.node_lost(list(fault.nodes), fault.why))
     # process_time: every thread of this process (the watchdog's included), not the ranks.
     ended = Ended(returncode, round(time.time() - started, 1), stall.why if stall else None,
                   forwarder.reason, fault, time.process_time() - cpu_before,
-                  stall_standing=stall.standing if stall else Standing.TRAINING)
+                  stall_standing=stall.standing if stall else Standing.TRAINING,
+                  saved_stop=events.stop_reason_since(events.read(paths), started))
     decision = conclude(paths, spec, environ, started, launch, ended)
     log.info("ranks exited %d: %s (%s)", returncode, decision.action, decision.reason)
     return decision, ended
@@ -292,9 +316,11 @@ def conclude(paths: RunPaths, spec: JobSpec, environ, started: float, launch: La
     """Decide from how the ranks ended and the run state (retries spent), then carry it out."""
     restart = int(environ.get("SLURM_RESTART_COUNT") or 0)
     checkpoint = spec.checkpoint
-    # The stop's reason (an event) only words the outcome: the action never depends on events.
+    # The ranks' saved stop (an event, read into `ended`) words the outcome, and makes it a stop
+    # whatever status the launcher reports (srun SIGKILLs the last ranks of a stopping step).
     state = run_state.read(paths)
-    decision = decide(ended, events.stop_reason_since(events.read(paths), started), Budget(
+    ranks_reason = ended.saved_stop
+    decision = decide(ended, stop_words(ended.signal, ranks_reason), Budget(
         requeues=restart, max_requeues=checkpoint.max_requeues, failed_runs=state.failed_runs(),
         retries_on_failure=checkpoint.retries_on_failure, restarts_in_job=launch.index,
         max_restarts_in_job=spec.launch.restarts_in_job,
@@ -305,7 +331,9 @@ def conclude(paths: RunPaths, spec: JobSpec, environ, started: float, launch: La
     if decision.action == "restart":
         return _restart(decision, paths, launch.index + 1, spec.launch.restarts_in_job, ended)
     lost = launch.lost_with(ended.node_fault)
-    return _carry_out(decision, paths, environ, restart, launch.end, ended, tuple(sorted(lost)))
+    stop = stop_kind(ended.signal, ranks_reason) if decision.cause in events.STOP_CAUSES or \
+        decision.action == "stopped" else None
+    return _carry_out(decision, paths, environ, restart, launch.end, ended, tuple(sorted(lost)), stop)
 
 
 def _restart(decision: Decision, paths: RunPaths, attempt: int, budget: int,
@@ -334,11 +362,14 @@ def _count_retry(paths: RunPaths, cause: str | None) -> str | None:
 
 
 def _carry_out(decision: Decision, paths: RunPaths, environ, restart: int, end: float | None,
-               ended: Ended, lost: tuple[str, ...] = ()) -> Decision:
+               ended: Ended, lost: tuple[str, ...] = (), stop: str | None = None) -> Decision:
     """Requeue when decided and Slurm agrees (a retry counted first); record what really happens.
     end: the job's planned end, to tell a time limit from a cancel when Slurm ends it; lost: the
-    nodes that died under this job, which the requeued job is kept off."""
+    nodes that died under this job, which the requeued job is kept off; stop: what asked for the
+    stop that ended the ranks, if one did (counted in the run state, recorded in the event)."""
     returncode, seconds = ended.returncode, ended.seconds
+    if stop is not None:
+        _count_stop(paths, stop)
     if decision.action == "requeue":
         job_id = scheduler.job_ref(environ)   # a sweep member requeues its own task, never the array
         path = requeue_path(scheduler.show_job(job_id), restart)
@@ -356,17 +387,27 @@ def _carry_out(decision: Decision, paths: RunPaths, environ, restart: int, end: 
             status = ending_status(time.time(), end)
             events.try_record(paths, events.finished(status, f"{decision.reason}; not requeued: "
                                                      "Slurm is ending the job", returncode, seconds,
-                                                     ended.driver_cpu_seconds))
+                                                     ended.driver_cpu_seconds, stop))
             return Decision("stopped", f"{decision.reason}; Slurm ended the job ({status})")
         if decision.action == "requeue":
             if lost:
                 detail += "; " + _exclude(job_id, lost)
             events.try_record(paths, events.requeued(decision.reason, decision.cause, path, detail,
-                                                     returncode, seconds, ended.driver_cpu_seconds))
+                                                     returncode, seconds, ended.driver_cpu_seconds,
+                                                     stop))
             return decision
     events.try_record(paths, events.finished(decision.action, decision.reason, returncode, seconds,
-                                             ended.driver_cpu_seconds))
+                                             ended.driver_cpu_seconds, stop))
     return decision
+
+
+def _count_stop(paths: RunPaths, kind: str) -> None:
+    """The run state counts stops by what asked for them; a count that cannot be written is
+    logged only (no decision reads it)."""
+    try:
+        run_state.update(paths, lambda state: state.with_stop(kind))
+    except OSError as exc:
+        log.warning("could not count the %s stop in %s: %s", kind, paths.run_state, exc)
 
 
 def _exclude(job_id: str, nodes: tuple[str, ...], tries: int = 6) -> str:

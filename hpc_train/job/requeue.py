@@ -36,6 +36,10 @@ class Ended:
     node_fault: NodeFault | None = None    # the ranks ended because a node died
     driver_cpu_seconds: float | None = None  # the driver's CPU time while the ranks ran
     stall_standing: Standing = Standing.TRAINING   # where the stalled ranks stood (watchdog.py)
+    # The stop the ranks agreed on and saved in this start (their `stop_saved` reason), if any.
+    # srun ends the last ranks of a step once one has exited non-zero (--kill-on-bad-exit), so a
+    # stop the ranks saved may come back as a SIGKILLed step (exit 137 or 143), not STOP_EXIT.
+    saved_stop: str | None = None
 
 
 @dataclass(frozen=True)
@@ -57,6 +61,34 @@ class Budget:
     max_node_failures: int = 0
     spare_hosts: int = -1       # hosts of the job left beyond the fewest the ranks need, after a loss
     can_requeue: bool = True
+
+
+PREEMPTED = "preempted"      # the driver's stop reason when its sentinel step heard SIGTERM
+
+
+def stop_kind(driver_signal: str | None, ranks_reason: str | None) -> str | None:
+    """What asked for a stop (events.STOP_KINDS), from the driver's own signal (or its
+    sentinel's word) and the reason the ranks agreed on; None when nothing asked.
+
+    Slurm sends a preemption's grace to the job's steps only: a driver that heard nothing while
+    its ranks stopped on SIGTERM has srun's ranks, a step, signalled (so has `scancel
+    --signal=TERM` without --full: Slurm's word cannot tell them apart)."""
+    if driver_signal == PREEMPTED:
+        return events.STOP_PREEMPTED
+    if driver_signal == "SIGUSR2":
+        return events.STOP_TIME_LIMIT        # the --signal=B:USR2@<slurm.signal_seconds> we submit
+    if driver_signal is not None:
+        return events.STOP_SIGNAL
+    return {"SIGTERM": events.STOP_PREEMPTED, "deadline": events.STOP_TIME_LIMIT,
+            "SIGUSR2": events.STOP_SIGNAL}.get(ranks_reason or "")
+
+
+def stop_words(driver_signal: str | None, ranks_reason: str | None) -> str | None:
+    """A stop's reason for people: the signal, and what it means when that is known."""
+    said = driver_signal or ranks_reason
+    if stop_kind(driver_signal, ranks_reason) == events.STOP_PREEMPTED:
+        return "preempted (Slurm signalled the job's steps: its grace began)"
+    return said
 
 
 def decide(ended: Ended, stop_reason: str | None, budget: Budget) -> Decision:
@@ -85,10 +117,12 @@ def decide(ended: Ended, stop_reason: str | None, budget: Budget) -> Decision:
                               in_job=ended.signal is None)
     if ended.returncode == 0:
         return Decision("completed", "all ranks finished")
-    if ended.returncode == STOP_EXIT or ended.signal is not None:
-        reason = stop_reason or ended.signal or "stopped"
+    if ended.returncode == STOP_EXIT or ended.signal is not None or ended.saved_stop:
+        reason = stop_reason or ended.signal or ended.saved_stop or "stopped"
         cause = events.CAUSE_STOP
-        if ended.returncode != STOP_EXIT:
+        if ended.returncode != STOP_EXIT and ended.saved_stop:
+            reason += f" (saved; the launcher ended the last ranks as they exited, exit {ended.returncode})"
+        elif ended.returncode != STOP_EXIT:
             reason += f" (the ranks were ended by it, exit {ended.returncode})"
             cause = events.CAUSE_INTERRUPTED
         return _after_stop(reason, cause, budget)

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 
 from hpc_train import events
 from hpc_train.job import watchdog
+from hpc_train.job.requeue import PREEMPTED
 from hpc_train.job.straggler import StragglerWarnings
 from hpc_train.rundir import RunPaths
 from hpc_train.runtime.heartbeat import Beat, beat_interval, stall_bound
@@ -35,6 +36,7 @@ class StopForwarder:
     def __init__(self, process: subprocess.Popen | None = None):
         self.process = process
         self.reason: str | None = None
+        self.source = "driver signal"
         self.at: float | None = None
         self.previous = {sig: signal.signal(sig, self._handle) for sig in STOP_SIGNALS}
 
@@ -47,6 +49,14 @@ class StopForwarder:
     def _handle(self, signum, _frame) -> None:
         if self.reason is None:
             self.reason, self.at = signal.Signals(signum).name, time.time()
+            self._forward()
+
+    def preempted(self) -> None:
+        """The sentinel's word (another thread): a stop like a signal's, while ranks run. Heard
+        between two starts of the ranks, or after they ended (our own requeue signals the steps
+        too), it is not a stop of theirs: ignored."""
+        if self.reason is None and self.process is not None and self.process.poll() is None:
+            self.reason, self.source, self.at = PREEMPTED, "preemption sentinel step", time.time()
             self._forward()
 
     def _forward(self) -> None:

@@ -158,6 +158,11 @@ class LaunchSpec:
         2, doc="after a rank's failure or a stall, start the ranks again from the last "
         "checkpoint inside the same allocation, up to this many times per job, before "
         "requeueing (checkpoint.retries_on_failure); 0 = always requeue", ge=0)
+    preemption_sentinel: bool = spec_field(
+        True, doc="under Slurm with mpirun, a one-task step (srun --overlap) that hears a "
+        "preemption's grace start, which Slurm signals to the job's steps only: the ranks then "
+        "save a stop at once instead of at the grace's end; false = no such step (srun's ranks "
+        "hear it themselves)")
 
 
 @dataclass(frozen=True)

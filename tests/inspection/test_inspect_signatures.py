@@ -58,6 +58,9 @@ def test_missing_ranks_reads_horovods_stall_warning():
             "2026-11-29 18:55:06,000 rank 0 later 5: [not a rank list]"]
     assert missing_ranks(text) == [1, 3]
     assert missing_ranks(["1: [allreduce.a]"]) == []          # only under the heading
+    # A rank a few seconds late at step 1 on a loaded node, then rank 1 stalled: the last says.
+    earlier = ["Missing ranks:", "0: [allreduce.noname.4]", "step 2 ..."]
+    assert missing_ranks(earlier + ["Missing ranks:", "1: [allreduce.noname.30]"]) == [1]
 
 
 def test_a_full_disk_during_a_checkpoint_save_is_disk_full_with_a_fix():

@@ -51,9 +51,9 @@ DEAD = NodeFault(("hpcn2",), "mpirun lost its daemon on hpcn2")
 
 def _decide(returncode: int, stall: str | None = None, signal: str | None = None,
             stop_reason: str | None = "SIGUSR2", node: NodeFault | None = None,
-            standing: Standing = Standing.TRAINING, **budget):
+            standing: Standing = Standing.TRAINING, saved: str | None = None, **budget):
     """decide() from one flat row of a table: how the ranks ended, and the budget."""
-    return decide(Ended(returncode, 1.0, stall, signal, node, stall_standing=standing),
+    return decide(Ended(returncode, 1.0, stall, signal, node, stall_standing=standing, saved_stop=saved),
                   stop_reason, Budget(**{**BASE, **budget}))
 
 
@@ -66,6 +66,9 @@ def _decide(returncode: int, stall: str | None = None, signal: str | None = None
     (1, {"retries_on_failure": 1}, "requeue"),                # ...unless asked for
     (1, {"retries_on_failure": 1, "failed_runs": 1}, "failed"),
     (1, {"signal": "SIGTERM"}, "requeue"),                    # mpirun aborted by a preemption's TERM
+    # srun's ranks saved a stop (SIGTERM to the steps), then srun SIGKILLed the last one as it
+    # exited (--kill-on-bad-exit): a stop, requeued, not a failure restarted in the dying job
+    (143, {"saved": "SIGTERM", "max_restarts_in_job": 2}, "requeue"),
     (143, {"signal": "SIGTERM", "can_requeue": False}, "stopped"),
     (0, {"stall": "no rank progressed"}, "failed"),            # torn down: exit status is moot
     (STOP_EXIT, {"stall": "stop ignored", "retries_on_failure": 1}, "requeue"),
@@ -119,6 +122,7 @@ def test_decide(returncode, changes, action):
      events.CAUSE_INTERRUPTED),
     (1, {"stall": "x", "signal": "SIGUSR2", "standing": EXITING, "retries_on_failure": 1},
      events.CAUSE_STOP),
+    (137, {"saved": "SIGTERM", "max_restarts_in_job": 2}, events.CAUSE_STOP),
 ])
 def test_requeues_and_restarts_say_why_and_failures_are_counted_by_cause(returncode, changes, cause):
     decision = _decide(returncode, **changes)
