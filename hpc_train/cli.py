@@ -54,7 +54,29 @@ def _validate(args: argparse.Namespace) -> int:
     spec = _load_checked(args)
     print(f"{args.file}: OK")
     print(describe_spec(spec))
+    if _ask_slurm(args) and (said := _preemption_note(spec)):
+        print(f"preemption: {said}")
     return 0
+
+
+def _preemption_note(spec) -> str | None:
+    """What a preemption would do to this job where Slurm answers, beside the longest save of
+    the latest run of the same name (under run.root), if there is one."""
+    from pathlib import Path
+
+    from hpc_train import events, scheduler
+    from hpc_train.rundir import RunPaths
+    from hpc_train.scheduler.policy import for_partition, preemption_words
+
+    if not scheduler.installed() or scheduler.controller_problem(timeout=10):
+        return None           # what could not be asked, the capacity check's notes said already
+    policies, problem = scheduler.preemption(timeout=10)
+    policy = None if problem else for_partition(policies, spec.slurm.partition)
+    if policy is None:
+        return None
+    runs = sorted(Path(spec.run.root).glob(f"{spec.run.name}-*/events.jsonl"))
+    save = events.longest_save(events.read(RunPaths(runs[-1].parent))) if runs else None
+    return preemption_words(policy, save)
 
 
 def _load_checked(args: argparse.Namespace, notes: bool = True):

@@ -211,6 +211,12 @@ def _stop(kind: str | None) -> dict:
     return {} if kind is None else {"stop": kind}
 
 
+def longest_save(events: list[dict]) -> float | None:
+    """The longest a checkpoint save took in the run, seconds (None: none recorded)."""
+    return max((float(e["seconds"]) for e in named(events, CHECKPOINT_SAVED)
+                if isinstance(e.get("seconds"), (int, float))), default=None)
+
+
 def stops(events: list[dict]) -> dict[str, int]:
     """How many runs each kind of stop ended (requeued or finished), by STOP_KINDS."""
     counted = Counter(e.get("stop") for e in named(events, REQUEUED, FINISHED))

@@ -20,6 +20,7 @@ from hpc_train import _proc, scheduler
 from hpc_train.launch.local import find_local_mpirun
 from hpc_train.launch.mpi import MpiFlavour
 from hpc_train.launch.network import DEFAULT_MASTER_PORT
+from hpc_train.scheduler.policy import preemption_words
 
 SETUP_FIX = "run `bash env/setup.sh` from the repository root"
 SLURM_FIX = "start the single-node cluster with `bash env/slurm/start.sh`, or load your site's Slurm module"
@@ -176,7 +177,18 @@ def check_slurm() -> list[Check]:
     return [Check("slurm sinfo", Status.OK, "; ".join(partitions) or "no partitions"),
             Check("slurm sacct", Status.OK, "accounting on") if problem is None else
             Check("slurm sacct", Status.WARN, f"accounting off ({problem}): job history comes from run "
-                  "directories only", "start slurmdbd (bash env/slurm/start.sh does) or ask your admins")]
+                  "directories only", "start slurmdbd (bash env/slurm/start.sh does) or ask your admins"),
+            *check_preemption()]
+
+
+def check_preemption() -> list[Check]:
+    """What a preemption does to a job of each partition: its grace (the time a stop save has,
+    heard at the grace's start) and KillWait (all it has where nothing hears the start)."""
+    policies, problem = scheduler.preemption()
+    if problem is not None:
+        return [Check("slurm preemption", Status.WARN, f"not known ({problem})")]
+    return [Check("slurm preemption", Status.OK, "; ".join(preemption_words(p) for p in policies)
+                  or "no partitions")]
 
 
 def check_master_addr() -> list[Check]:

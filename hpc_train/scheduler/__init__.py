@@ -26,6 +26,7 @@ from hpc_train.scheduler.parse import (ACTIVE_STATES, FAILED_STATES, NODE_SHAPE_
                                        SACCT_FIELDS, SQUEUE_FORMAT, Job, JobState, NodeShape, array_tasks,
                                        expand_hostlist, job_ref, node_lost, parse_node_shapes, parse_sacct,
                                        parse_show_job, parse_show_nodes, parse_squeue)
+from hpc_train.scheduler.policy import Preemption, parse_preemption
 
 ATTEMPTS, PAUSE = 3, 1.0        # tries of a call; seconds before the 2nd, twice that before the 3rd
 ALREADY_PENDING = "Job is pending execution"     # scontrol's ESLURM_JOB_PENDING: requeued already
@@ -177,6 +178,18 @@ def partitions(timeout: float = 20) -> tuple[list[str], str | None]:
     if not out.ok:
         return [], "sinfo not on PATH" if out.returncode == 127 else _first_line(out.stderr)
     return [line.strip() for line in out.stdout.strip().splitlines()], None
+
+
+def preemption(timeout: float = 20) -> tuple[list[Preemption], str | None]:
+    """What a preemption does to a job of each partition (policy.py): (policies, None), or
+    ([], why not, in one line)."""
+    config = call(["scontrol", "show", "config"], timeout)
+    if not config.ok:
+        return [], "scontrol not on PATH" if config.returncode == 127 else _first_line(config.stderr)
+    parts = call(["scontrol", "show", "partition", "-o"], timeout)
+    if not parts.ok:
+        return [], _first_line(parts.stderr)
+    return parse_preemption(config.stdout, parts.stdout), None
 
 
 def node_shapes(timeout: float = 10) -> tuple[list[NodeShape], str | None]:

@@ -71,6 +71,11 @@ def test_doctor_all_ok_on_a_ready_machine(slurm_cluster):
     assert report["counts"]["FAIL"] == 0
     latency = next(c for c in report["checks"] if c["name"] == "mpirun 2 ranks")["detail"]
     assert "allreduce correct" in latency and " us " in latency
+    # Our cluster as preemptable sites are (env/slurm/start.sh): what a preemption gives a save.
+    preemption = next(c for c in report["checks"] if c["name"] == "slurm preemption")
+    assert preemption["status"] == "OK" and ("partition debug: PreemptMode REQUEUE "
+                                             "(preempt/partition_prio), GraceTime 30 s, KillWait 5 s"
+                                             in preemption["detail"]), preemption
 
 
 @pytest.mark.slow

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -207,8 +208,12 @@ def test_a_stalled_rank_is_reported_with_its_number(runs):
     stall, returncode, seen = runs["stall"]
     assert returncode == 0, describe_failure(stall)
     live = [s for s in seen if s["health"]["stalled_ranks"]]
-    assert live and live[0]["health"]["stalled_ranks"] == [1], seen
-    assert "stalled rank(s): 1" in live[0]["health"]["message"]
+    # Rank 1 is named. On a loaded machine rank 0's beat may have gone stale too (its heartbeat
+    # thread starved of CPU), and status then names it as well: a claim about the machine, not
+    # about rank 1 (diagnose, below, names the one Horovod waited for).
+    assert live and 1 in live[0]["health"]["stalled_ranks"], seen
+    message = live[0]["health"]["message"]
+    assert message.startswith("stalled rank(s): ") and re.search(r"(^|; |: )1 (on |\(Horovod)", message), message
     result = diagnose(stall)
     assert result.stalled_ranks == [1]
     assert "stalled_collective" in [s["id"] for s in result.signatures]

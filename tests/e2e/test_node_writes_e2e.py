@@ -96,6 +96,9 @@ def _assert_once_per_beat(writes: Counter, beats: dict[str, int], file_of, what:
                          ids=["8x1", "4x2"])
 def test_a_job_writes_once_per_node_per_interval_and_stays_readable(slurm_nodes, tmp_path, nodes, per_node):
     interval = beat_interval(STALL)
+    # Directories of this name left by another cluster's job of the same id (each cluster numbers
+    # its jobs from 1; a killed or preempted job leaves its own): not this job's to remove.
+    before = set(Path("/dev/shm").glob("hpc_train-*"))
     job_id, paths = submit("jobs/smoke.yaml", tmp_path, "run.name=node-writes",
                            f"slurm.nodes={nodes}", f"slurm.tasks_per_node={per_node}",
                            "parallel.backend=ddp", "launch.method=mpirun", f"launch.stall_seconds={STALL:g}",
@@ -129,7 +132,8 @@ def test_a_job_writes_once_per_node_per_interval_and_stays_readable(slurm_nodes,
         hosts[beat.host].append(rank)
     assert len(hosts) == nodes and all(len(r) == per_node for r in hosts.values()), hosts
     # This job's hosts only: the single-node cluster numbers its jobs from 1 too, on host vm.
-    left = [d for host in hosts for d in Path("/dev/shm").glob(f"hpc_train-{job_id}-{host}")]
+    left = [d for host in hosts for d in Path("/dev/shm").glob(f"hpc_train-{job_id}-{host}")
+            if d not in before]
     assert not left, f"node-local directories left: {left}"
 
     streams = logs.rank_logs(paths)

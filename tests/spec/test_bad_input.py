@@ -179,6 +179,17 @@ def test_validate_says_what_it_could_not_ask_a_dead_controller(tmp_path):
     assert out.returncode == 0, out.stderr
     assert "note: nodes and per-node resources not checked against Slurm" in out.stderr
     assert "is DOWN" in out.stderr and not ran.exists(), out.stderr
+    assert "preemption:" not in out.stdout          # nothing asked of a dead controller
+
+
+@pytest.mark.slurm
+def test_validate_says_what_a_preemption_would_give_the_job(slurm_cluster):
+    """Our cluster is preemptable as many sites are (env/slurm/start.sh): validate says how long
+    a preempted job of the spec's partition has to save."""
+    out = cli("validate", "jobs/smoke.yaml", timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert ("preemption: partition debug: PreemptMode REQUEUE (preempt/partition_prio), "
+            "GraceTime 30 s, KillWait 5 s") in out.stdout, out.stdout
 
 
 @pytest.mark.slurm
