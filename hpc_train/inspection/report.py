@@ -12,7 +12,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from hpc_train import events as ev
-from hpc_train import scheduler
+from hpc_train import run_state, scheduler
 from hpc_train.inspection import efficiency
 from hpc_train.inspection.efficiency import Restart, Usage, Window
 from hpc_train.inspection.summary import read_spec, slowest
@@ -39,7 +39,7 @@ class Report:
     samples_counted: int | None = None    # the trainer's own count (holds across a resize)
     unknown: list[str] = field(default_factory=list)
     timeline: str | None = None
-    stops: dict[str, int] = field(default_factory=dict)   # runs ended by a stop, per kind (events.STOP_KINDS)
+    stops: dict[str, int] = field(default_factory=dict)   # runs ended by a stop, per kind (the run state)
 
     @property
     def requeues(self) -> int:
@@ -141,7 +141,8 @@ def build_report(paths: RunPaths, slurm: bool = True, now: float | None = None,
     report = Report(paths.root.name, job_ids, windows, usage, restarts, saves, seconds, last_step,
                     per_step, gpu, now, "sequences" if model == "gpt" else "images",
                     slowest(read_beats(paths.heartbeat, ev.start_time(events)), spec),
-                    len(ev.named(events, ev.STRAGGLER)), counted, unknown, stops=ev.stops(events))
+                    len(ev.named(events, ev.STRAGGLER)), counted, unknown,
+                    stops=dict(run_state.read(paths).stops))
     if plot and windows:
         from hpc_train.inspection.timeline import build_timeline, write_timeline
 

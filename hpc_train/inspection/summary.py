@@ -62,7 +62,7 @@ class RunStatus:
     health: Health
     slowest: dict | None = None       # the rank the others wait for (`slowest`), from the beats
     restarts_in_job: dict[str, int] = field(default_factory=dict)   # per cause (the run state)
-    stops: dict[str, int] = field(default_factory=dict)   # runs ended by a stop, per kind (events.STOP_KINDS)
+    stops: dict[str, int] = field(default_factory=dict)   # runs ended by a stop, per kind (the run state)
     lost_nodes: dict[str, str] = field(default_factory=dict)  # the job's nodes Slurm shows lost: state
     diagnosis: dict | None = None     # set by the caller for failed or stalled runs
     # The run's experiment trackers: tracker, run_id, command (W&B: `wandb sync`), what.
@@ -161,7 +161,6 @@ def summarize(run: RunFiles, now: float, slurm: Job | None = None,
         job_id=submission[0] if submission else None,
         state=state, state_source=slurm.source if slurm else "events",
         requeues=max(len(requeued), ev.restarts(events)), requeue_reasons=ev.requeue_reasons(events),
-        stops=ev.stops(events),
         step=last.get("step"), total_steps=total, epoch=last.get("epoch"), loss=last.get("loss"),
         accuracy=val[-1].get("accuracy") if val else None, lr=last.get("lr"), throughput=flow,
         efficiency=efficiency, world_size=world, eta_seconds=eta,
@@ -170,7 +169,7 @@ def summarize(run: RunFiles, now: float, slurm: Job | None = None,
         health=assess(run.beats, last.get("time"), now, running and not ended, quiet_seconds,
                       run.waiting_ranks, world_size=world, launched=launched,
                       stall_seconds=ev.stall_seconds(events, DEFAULT_STALL_SECONDS)),
-        restarts_in_job=dict(run.state.restarts_in_job), slowest=slowest(run.beats, run.spec),
+        restarts_in_job=dict(run.state.restarts_in_job), stops=dict(run.state.stops), slowest=slowest(run.beats, run.spec),
         trackers=list(run.trackers),
         updated=now)
 

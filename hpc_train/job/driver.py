@@ -319,8 +319,7 @@ def conclude(paths: RunPaths, spec: JobSpec, environ, started: float, launch: La
     # The ranks' saved stop (an event, read into `ended`) words the outcome, and makes it a stop
     # whatever status the launcher reports (srun SIGKILLs the last ranks of a stopping step).
     state = run_state.read(paths)
-    ranks_reason = ended.saved_stop
-    decision = decide(ended, stop_words(ended.signal, ranks_reason), Budget(
+    decision = decide(ended, stop_words(ended.signal, ended.saved_stop), Budget(
         requeues=restart, max_requeues=checkpoint.max_requeues, failed_runs=state.failed_runs(),
         retries_on_failure=checkpoint.retries_on_failure, restarts_in_job=launch.index,
         max_restarts_in_job=spec.launch.restarts_in_job,
@@ -331,7 +330,7 @@ def conclude(paths: RunPaths, spec: JobSpec, environ, started: float, launch: La
     if decision.action == "restart":
         return _restart(decision, paths, launch.index + 1, spec.launch.restarts_in_job, ended)
     lost = launch.lost_with(ended.node_fault)
-    stop = stop_kind(ended.signal, ranks_reason) if decision.cause in events.STOP_CAUSES or \
+    stop = stop_kind(ended.signal, ended.saved_stop) if decision.cause in events.STOP_CAUSES or \
         decision.action == "stopped" else None
     return _carry_out(decision, paths, environ, restart, launch.end, ended, tuple(sorted(lost)), stop)
 

@@ -200,12 +200,17 @@ def parse_sacct(text: str) -> list[Job]:
 _NODE_LOST = ("NOT_RESPONDING", "DOWN", "FAIL", "FAILING")
 
 
+def show_fields(line: str) -> dict[str, str]:
+    """One record of `scontrol show <node|partition|job> -o`: its Key=Value words."""
+    return dict(_FIELD.findall(line))
+
+
 def parse_show_nodes(text: str) -> dict[str, str]:
     """`scontrol show node -o NAMES` -> {node name: its State word}; lines without one (a name
     Slurm does not know) are left out."""
     states = {}
     for line in text.splitlines():
-        fields = dict(_FIELD.findall(line))
+        fields = show_fields(line)
         if "NodeName" in fields and "State" in fields:
             states[fields["NodeName"]] = fields["State"]
     return states

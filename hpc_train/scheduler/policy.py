@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hpc_train.scheduler.parse import parse_duration
+from hpc_train.scheduler.parse import parse_duration, show_fields
 
 
 @dataclass(frozen=True)
@@ -30,19 +30,10 @@ class Preemption:
         return self.preempt_type not in ("", "preempt/none") and self.mode.upper() != "OFF"
 
 
-def _pairs(text: str) -> dict[str, str]:
-    """`Key = value` lines (show config) or `Key=value` words (show partition -o)."""
-    found: dict[str, str] = {}
-    for line in text.splitlines():
-        if " = " in line:
-            key, _, value = line.partition(" = ")
-            found[key.strip()] = value.strip()
-        else:
-            for word in line.split():
-                key, sep, value = word.partition("=")
-                if sep:
-                    found[key] = value
-    return found
+def _config(text: str) -> dict[str, str]:
+    """`scontrol show config`: `Key = value` lines."""
+    return {key.strip(): value.strip() for key, sep, value in
+            (line.partition(" = ") for line in text.splitlines()) if sep}
 
 
 def _seconds(text: str | None) -> float | None:
@@ -60,10 +51,10 @@ def _seconds(text: str | None) -> float | None:
 def parse_preemption(config: str, partition_lines: str) -> list[Preemption]:
     """One Preemption per partition of `scontrol show partition -o`, with the cluster's
     PreemptType, PreemptMode and KillWait from `scontrol show config`."""
-    cluster = _pairs(config)
+    cluster = _config(config)
     found = []
     for line in partition_lines.splitlines():
-        part = _pairs(line)
+        part = show_fields(line)
         if "PartitionName" not in part:
             continue
         tier = part.get("PriorityTier", "")
