@@ -267,15 +267,17 @@ def run_ranks(paths: RunPaths, spec: JobSpec, environ, forwarder: StopForwarder,
     forwarder.follow(process)
     watch = Watch(paths, allocation.world_size, spec.launch.stall_seconds,
                   stop_grace(spec.slurm.signal_seconds), time.time(), plan.method,
-                  spec.launch.straggler_warn)
+                  spec.launch.straggler_warn, launch.end)
     returncode, stall = supervise(process, forwarder, watch)
     if forwarder.reason:
         events.try_record(paths, events.stop_requested(forwarder.reason, forwarder.source))
     fault = None
+    saved_stop = events.stop_reason_since(events.read(paths), started)
     # A signal to the job's steps (a preemption's grace, the time limit's end) ends Open MPI's
     # daemons on the other nodes, a step of their own: mpirun then reports a lost daemon of a
-    # node that lives. A stop the driver heard is no node's death.
-    if (returncode != 0 or stall) and forwarder.reason is None:
+    # node that lives. A stop the driver heard, or the ranks saved, is no node's death (and the
+    # probe's scontrol calls would spend the seconds left for the requeue).
+    if (returncode != 0 or stall) and forwarder.reason is None and saved_stop is None:
         fault = lost_node(returncode, output.tail(), allocation, environ)
     if fault is not None:
         events.try_record(paths, events.node_lost(list(fault.nodes), fault.why))
@@ -283,7 +285,7 @@ def run_ranks(paths: RunPaths, spec: JobSpec, environ, forwarder: StopForwarder,
     ended = Ended(returncode, round(time.time() - started, 1), stall.why if stall else None,
                   forwarder.reason, fault, time.process_time() - cpu_before,
                   stall_standing=stall.standing if stall else Standing.TRAINING,
-                  saved_stop=events.stop_reason_since(events.read(paths), started))
+                  saved_stop=saved_stop)
     decision = conclude(paths, spec, environ, started, launch, ended)
     log.info("ranks exited %d: %s (%s)", returncode, decision.action, decision.reason)
     return decision, ended

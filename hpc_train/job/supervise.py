@@ -27,6 +27,9 @@ log = logging.getLogger("hpc_train.driver")
 STOP_SIGNALS = (signal.SIGUSR2, signal.SIGTERM)
 POLL_SECONDS = 1.0           # between looks at the heartbeats while mpirun runs
 TEARDOWN_SECONDS = 30        # mpirun's own SIGTERM -> SIGKILL of its ranks, before we step in
+# Before the job's end: ranks that saved their stop are ended then if still exiting, for the
+# driver's requeue (a few scontrol calls) to come before Slurm's kill.
+REQUEUE_SECONDS = 15
 
 
 class StopForwarder:
@@ -106,6 +109,7 @@ class Watch:
     launched: float
     method: str = "mpirun"   # the launcher: how the ranks are torn down
     straggler_warn: float | None = None   # launch.straggler_warn
+    end: float | None = None  # the job's planned end (None outside Slurm)
     warnings: StragglerWarnings = field(init=False)
     _beats: dict[int, Beat] = field(init=False, default_factory=dict)
     _read_at: float | None = field(init=False, default=None)
@@ -126,6 +130,11 @@ class Watch:
         return self._beats
 
     def stall(self, forwarder: StopForwarder, now: float) -> watchdog.Stall | None:
+        if self.end is not None and self.end - now <= REQUEUE_SECONDS:
+            late = watchdog.out_of_time(self.beats(now, fresh=True), self.world_size, now,
+                                        self.end, REQUEUE_SECONDS, self.launched)
+            if late:
+                return late
         beats = self.beats(now)
         self.warn_straggler(beats, now)
         if forwarder.at is not None:
@@ -181,24 +190,23 @@ def _tear_down(process: subprocess.Popen, stall: watchdog.Stall, method: str) ->
     SIGINTs within a second, which make srun cancel the step, so slurmstepd kills the tasks on
     every node (a single SIGTERM would only be passed on to the ranks). If the launcher has not
     finished within TEARDOWN_SECONDS, SIGKILL the stalled ranks we can reach, then the launcher.
+    Ranks that all saved their stop lose nothing: mpirun is killed at once (its ranks, left
+    without it, are ended with the job's steps when Slurm requeues it).
     """
     if method == "srun":
         process.send_signal(signal.SIGINT)
         time.sleep(0.3)
         process.send_signal(signal.SIGINT)
+    elif stall.standing is watchdog.Standing.EXITING:
+        process.kill()
+        _kill_local(stall.ranks)
     else:
         process.terminate()
     try:
         return process.wait(timeout=TEARDOWN_SECONDS)
     except subprocess.TimeoutExpired:
         pass
-    here = socket.gethostname()
-    for rank in stall.ranks:
-        if rank.pid and rank.host == here:
-            try:
-                os.kill(rank.pid, signal.SIGKILL)
-            except OSError:
-                pass
+    _kill_local(stall.ranks)
     try:
         return process.wait(timeout=TEARDOWN_SECONDS)
     except subprocess.TimeoutExpired:
@@ -206,3 +214,14 @@ def _tear_down(process: subprocess.Popen, stall: watchdog.Stall, method: str) ->
                   2 * TEARDOWN_SECONDS)
         process.kill()
         return process.wait(timeout=TEARDOWN_SECONDS)
+
+
+def _kill_local(ranks: tuple[watchdog.StalledRank, ...]) -> None:
+    """SIGKILL the ranks among `ranks` that run on this host."""
+    here = socket.gethostname()
+    for rank in ranks:
+        if rank.pid and rank.host == here:
+            try:
+                os.kill(rank.pid, signal.SIGKILL)
+            except OSError:
+                pass

@@ -20,7 +20,8 @@ from hpc_train.runtime.heartbeat import (STEP_PHASES, Beat, Phase, parse_beat, r
                                          silent_after)
 
 __all__ = ["Beat", "Stall", "StalledRank", "Standing", "began_training", "culprits", "exiting",
-           "find_stall", "parse_beat", "process_state", "read_beats", "silent_after", "stop_ignored"]
+           "find_stall", "out_of_time", "parse_beat", "process_state", "read_beats", "silent_after",
+           "stop_ignored"]
 
 
 @dataclass(frozen=True)
@@ -137,6 +138,22 @@ def stop_ignored(beats: dict[int, Beat], world_size: int, now: float, signalled_
     else:
         standing = Standing.TRAINING
     return Stall(why, waited, culprits(beats, world_size, now, interval, launched), standing)
+
+
+def out_of_time(beats: dict[int, Beat], world_size: int, now: float, end: float | None,
+                margin: float, launched: float) -> Stall | None:
+    """Every rank has saved its stop, but the launcher has not returned and the job ends within
+    `margin` seconds: the driver must requeue before Slurm's kill, and ending the exiting ranks
+    loses nothing. (A loaded node took 9 s and more to end ranks after their save, and a slow
+    first step after a start can bring the save itself close to the end.)"""
+    if end is None or end - now > margin or not exiting(beats, world_size):
+        return None
+    saved = max(beats[r].time for r in range(world_size))
+    why = (f"every rank had saved its stop and was exiting, {now - saved:.0f} s after, but the "
+           f"launcher had not returned {max(end - now, 0):.0f} s before the job's end")
+    ranks = tuple(StalledRank(r, b.host, b.pid, b.step, b.phase, round(now - b.time, 1),
+                              "saved its stop; exiting") for r, b in sorted(beats.items()))
+    return Stall(why, now - saved, ranks, Standing.EXITING)
 
 
 def process_state(pid: int | None, proc: Path = Path("/proc")) -> str | None:

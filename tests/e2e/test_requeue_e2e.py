@@ -19,22 +19,26 @@ from tests.runs import assert_trained, cli, describe_failure, events, submit
 pytestmark = [pytest.mark.slurm, pytest.mark.mpi, pytest.mark.horovod, pytest.mark.slow]
 
 ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"}
-# Slurm checks limits every 30 s and sends --signal up to 60 s early, and a start takes 8-25 s
-# before its first step, so a short limit mostly signals ranks that still start. Each job's
-# length is set by the test-only pace (a fixed sleep in every step), not by the CPU, to a little
-# more than the most any one start can train: it stops on every machine, in 2-4 starts.
-# - timelimit: a two-minute limit, USR2 25 s before it: the signal comes 35-65 s into a start,
-#   which trains for at most about 57 s; two epochs (92 steps) at 0.7 s, about 75 s in all.
+# Slurm sends --signal up to 60 s early (its checks' resolution), and a start takes 6-25 s
+# before its first step. Each job's length is set by the test-only pace (a fixed sleep in every
+# step), not by the CPU, to more than the most any one start can train: it stops on every
+# machine, the fastest included, in 2-4 starts.
+# - timelimit: a two-minute limit, USR2 25 s before it: the signal comes 95 s after the job's
+#   start at the latest; two epochs (92 steps) at 1.1 s, at least 101 s in all. (At 0.7 s an
+#   idle machine trained them in 80 s and finished before the signal.)
 # - nosignal: a one-minute limit and no signal: the ranks stop at their own deadline, 35 s into a
 #   start (signal_seconds 25, which leaves the ranks 25 s to exit and the driver to requeue: a
-#   loaded machine took 15 s to end the ranks' processes after their save), after at most about
-#   27 s of training; one epoch at 0.7 s, about 38 s.
+#   loaded machine took 15 s to end the ranks' processes after their save, and the driver ends
+#   them itself once the job's end is near: supervise.REQUEUE_SECONDS), after at most about 27 s
+#   of training; one epoch at 0.8 s, at least 37 s.
 # (Six unpaced epochs under a one-minute limit took 2-4 starts on an idle machine, 11 on a loaded
 # one.) The requeue budget is far above any machine's need: the budget has tests of its own
 # (tests/job/test_stop_requeue.py); this one is about stopping and resuming.
-COMMON = ["log.every_steps=4", "launch.env.HPC_TRAIN_FAULT=pace:0.7", "checkpoint.max_requeues=40"]
-TIMELIMIT = ["slurm.time=00:02:00", "slurm.signal_seconds=25", "optim.epochs=2", *COMMON]
-NOSIGNAL = ["slurm.time=00:01:00", "slurm.signal_seconds=25", "optim.epochs=1", *COMMON]
+COMMON = ["log.every_steps=4", "checkpoint.max_requeues=40"]
+TIMELIMIT = ["slurm.time=00:02:00", "slurm.signal_seconds=25", "optim.epochs=2",
+             "launch.env.HPC_TRAIN_FAULT=pace:1.1", *COMMON]
+NOSIGNAL = ["slurm.time=00:01:00", "slurm.signal_seconds=25", "optim.epochs=1",
+            "launch.env.HPC_TRAIN_FAULT=pace:0.8", *COMMON]
 
 
 @pytest.fixture(scope="module")

@@ -267,3 +267,61 @@ def test_the_driver_judges_an_unobeyed_stop_on_the_newest_beats(tmp_path):
         heart.progress(phase=Phase.STOPPING)                        # wrote at once
     stall = watch.stall(forwarder, 1046.0)                          # within the interval
     assert stall.standing is Standing.EXITING
+
+
+@pytest.mark.parametrize("phases, now, ends", [
+    (("stopping", "stopping"), 1186.0, True),     # saved, 14 s before the end: end them
+    (("stopping", "stopping"), 1184.0, False),    # 16 s before: the launcher may still return
+    (("stopping", "checkpoint"), 1199.0, False),  # rank 1 still saves: nothing may be lost
+])
+def test_ranks_that_saved_their_stop_are_ended_near_the_jobs_end(phases, now, ends):
+    beats = {r: beat(r, 9, 1180.0, 1180.0, phase) for r, phase in enumerate(phases)}
+    stall = watchdog.out_of_time(beats, 2, now, 1200.0, 15.0, LAUNCH)
+    assert (stall is not None) is ends
+    if ends:
+        assert stall.standing is Standing.EXITING and "before the job's end" in stall.why
+        assert [r.pid for r in stall.ranks] == [100, 101]
+    assert watchdog.out_of_time(beats, 2, now, None, 15.0, LAUNCH) is None   # outside Slurm
+
+
+RANK_EXITING_SLOWLY = """
+import sys, time
+from pathlib import Path
+from hpc_train.runtime.heartbeat import Heartbeat, Phase
+for r in range(2):
+    Heartbeat(Path(sys.argv[1]) / f"rank-{r:05d}", r, 60.0).progress(step=9, phase=Phase.STOPPING)
+print("saved", flush=True)
+time.sleep(600)
+"""
+
+
+def test_the_driver_leaves_a_launcher_that_outlasts_the_saved_stop(tmp_path):
+    """Real processes: a launcher that never returns, and a rank on this host that saved its
+    stop (its beats say so) but does not exit. Near the job's end the driver kills both and
+    says why; what follows is a stop, not a stall (Standing.EXITING: requeue.decide)."""
+    import subprocess
+    import time
+    from types import SimpleNamespace
+
+    from hpc_train.job.supervise import REQUEUE_SECONDS, Watch, supervise
+    from hpc_train.rundir import RunPaths
+
+    paths = RunPaths(tmp_path)
+    paths.heartbeat.mkdir(parents=True)
+    rank = subprocess.Popen([sys.executable, "-c", RANK_EXITING_SLOWLY, str(paths.heartbeat)],
+                            stdout=subprocess.PIPE, text=True)
+    launcher = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+        assert rank.stdout.readline() == "saved\n"
+        watch = Watch(paths, 2, STALL, grace=15.0, launched=time.time() - 30,
+                      end=time.time() + REQUEUE_SECONDS + 2)
+        returncode, stall = supervise(launcher, SimpleNamespace(at=None), watch)
+        assert rank.wait(timeout=60) == -9
+    finally:
+        for process in (launcher, rank):
+            process.kill()
+            process.wait()
+    assert returncode == -9
+    assert stall.standing is Standing.EXITING and "before the job's end" in stall.why
+    assert [e["standing"] for e in map(json.loads, paths.events.read_text().splitlines())
+            if e["event"] == "ranks_stalled"] == ["exiting"]
