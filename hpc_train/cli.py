@@ -56,6 +56,15 @@ def _validate(args: argparse.Namespace) -> int:
     print(describe_spec(spec))
     if _ask_slurm(args) and (said := _preemption_note(spec)):
         print(f"preemption: {said}")
+    if args.import_code:
+        from pathlib import Path
+
+        from hpc_train.job.code_probe import probe
+
+        built, said = probe(args.file, args.overrides, Path.cwd())
+        print(said if built else f"error: importing your code failed:\n{said}",
+              file=sys.stdout if built else sys.stderr)
+        return 0 if built else 2
     return 0
 
 
@@ -230,6 +239,10 @@ def build_parser() -> argparse.ArgumentParser:
         description="Load FILE strictly, apply --set overrides, print warnings and a summary; "
                     "exit 2 listing every problem.")
     _add_spec_arguments(validate)
+    validate.add_argument("--import", dest="import_code", action="store_true",
+                          help="also import your code the spec names (in a subprocess): build "
+                          "the model on the meta device (its parameter count), the dataset's "
+                          "splits (their lengths)")
 
     submit = add_command(
         commands, "submit", _submit, help="validate a job spec and submit it to Slurm (submitit)",

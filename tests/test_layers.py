@@ -13,7 +13,8 @@ from tests.conftest import REPO
 
 LAYERS = {  # bottom to top; a module may import its own layer and those below
     "base": ("hpc_train.errors", "hpc_train._proc", "hpc_train.rundir", "hpc_train.events",
-             "hpc_train.run_state", "hpc_train.scheduler", "hpc_train.runtime", "hpc_train.argtypes"),
+             "hpc_train.run_state", "hpc_train.scheduler", "hpc_train.runtime", "hpc_train.argtypes",
+             "hpc_train.usercode"),
     "domain": ("hpc_train.spec", "hpc_train.launch", "hpc_train.checkpoint", "hpc_train.data",
                "hpc_train.models", "hpc_train.parallel"),
     "rank": ("hpc_train.train",),

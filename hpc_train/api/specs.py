@@ -16,6 +16,7 @@ from typing import Union
 from hpc_train.argtypes import print_warnings
 from hpc_train.spec import JobSpec, SpecInvalid, build_spec, spec_to_dict, validate_spec_file
 from hpc_train.spec.capacity import check_capacity
+from hpc_train.spec.code_refs import check_code
 from hpc_train.spec.paths import resolve_paths
 from hpc_train.spec.problems import Problem, show
 
@@ -46,6 +47,7 @@ def checked_spec(spec: SpecSource, overrides: Iterable[str] = (), ask_slurm: boo
     with `notes`, what could not be checked) go to stderr; SpecInvalid (exit 2) on problems."""
     loaded, warnings = read_spec(spec, overrides)
     print_warnings(warnings)
+    check_code(loaded)
     said = check_capacity(loaded, ask_slurm=ask_slurm)
     for note in said if notes else ():
         print(f"note: {note}", file=sys.stderr)

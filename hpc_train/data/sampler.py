@@ -91,7 +91,7 @@ class ResumableBlockSampler:
 
     def __init__(self, num_samples: int, rank: int, world: int, batch_per_rank: int, *,
                  passes_per_step: int = 1, seed: int = 0, block_size: int = 256,
-                 shuffle: bool = True):
+                 shuffle: bool = True, fingerprint: str | None = None):
         if not 0 <= rank < world:
             raise ValueError(f"rank {rank} is outside 0..{world - 1}")
         if min(batch_per_rank, block_size, passes_per_step) < 1:
@@ -103,6 +103,8 @@ class ResumableBlockSampler:
         self.num_samples, self.rank, self.world = num_samples, rank, world
         self.batch_per_rank, self.passes_per_step = batch_per_rank, passes_per_step
         self.seed, self.block_size, self.shuffle = seed, block_size, shuffle
+        # What the data declares it is (a user's dataset's `fingerprint`): checked at resume.
+        self.fingerprint = fingerprint
         self.epoch, self.start = 0, 0
 
     @property
@@ -141,13 +143,18 @@ class ResumableBlockSampler:
 
     def state_dict(self) -> dict:
         """What the epoch order depends on (not the position: the trainer's Progress has it)."""
-        return {"seed": self.seed, "block_size": self.block_size, "num_samples": self.num_samples}
+        state = {"seed": self.seed, "block_size": self.block_size, "num_samples": self.num_samples}
+        return {**state, "fingerprint": self.fingerprint} if self.fingerprint is not None else state
 
     def load_state_dict(self, state: dict) -> None:
-        """Refuse a checkpoint of other data: its position would point into another order."""
+        """Refuse a checkpoint of other data: its position would point into another order. (A
+        fingerprint is compared where both the checkpoint and the data have one.)"""
         from hpc_train.errors import DataError
 
-        for key in ("seed", "block_size", "num_samples"):
+        keys = ("seed", "block_size", "num_samples")
+        if state.get("fingerprint") is not None and self.fingerprint is not None:
+            keys += ("fingerprint",)
+        for key in keys:
             if state[key] != getattr(self, key):
                 raise DataError(f"sampler state has {key}={state[key]}, this run has "
                                 f"{getattr(self, key)}: the epoch order would differ, so the "

@@ -16,7 +16,10 @@ META_FILE = "hpc_train_meta.json"   # TorchScript: the metadata as an extra file
 def model_options(name: str, given: dict) -> dict:
     """Every option of the model, the catalog's defaults filled in: the file does not depend on
     today's defaults."""
-    chosen = catalog_entry(name).options(**given)
+    entry = catalog_entry(name)
+    if entry.own:    # the user's model: its keyword arguments as given, nothing to fill in
+        return dict(given)
+    chosen = entry.options(**given)
     return {f.name: getattr(chosen, f.name) for f in dataclasses.fields(chosen)}
 
 

@@ -14,7 +14,7 @@ from hpc_train.models.catalog import MODEL_NAMES, model as model_entry
 if TYPE_CHECKING:
     from torch import nn
 
-__all__ = ["MODEL_NAMES", "build_model", "shard_units"]
+__all__ = ["MODEL_NAMES", "build_model", "declared_units", "shard_units"]
 
 
 def build_model(name: str, num_classes: int, options: Mapping[str, Any] | None = None,
@@ -28,6 +28,8 @@ def build_model(name: str, num_classes: int, options: Mapping[str, Any] | None =
     """
     entry = model_entry(name)
     options = dict(options or {})
+    if entry.own:
+        return _own_model(name, options)
     if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 1:
         raise ValueError(f"num_classes must be a positive integer, got {num_classes!r}")
     unknown = sorted(set(options) - set(entry.option_names))
@@ -42,6 +44,27 @@ def shard_units(name: str, model: "nn.Module") -> "list[nn.Module]":
     before the root: ResNet stages, gpt blocks. Each is gathered whole for its forward, so
     the largest one bounds the memory of gathered parameters."""
     return list(_named(model_entry(name).shard_units)(model))
+
+
+def _own_model(name: str, options: dict[str, Any]) -> "nn.Module":
+    """The user's model: their callable with model.options as keyword arguments."""
+    from torch import nn
+
+    from hpc_train.usercode import UserCodeError, call
+
+    model = call(name, "a model", **options)
+    if not isinstance(model, nn.Module):
+        raise UserCodeError(f"model.name {name} returned {type(model).__name__}, not a "
+                            "torch.nn.Module; return the model itself")
+    return model
+
+
+def declared_units(model: "nn.Module") -> "list[nn.Module]":
+    """FSDP's units of a user's model: what its `fsdp_units()` method returns (a list of
+    submodules, e.g. its blocks), like the catalog's `shard_units`; none (the model is sharded
+    as one unit) when it has no such method."""
+    units = getattr(model, "fsdp_units", None)
+    return list(units()) if callable(units) else []
 
 
 def _named(target: str):

@@ -68,13 +68,20 @@ class GptOptions:
 @dataclass(frozen=True)
 class Model:
     builder: str    # "module:function": called as function(num_classes, **inputs, **options)
-    options: type   # the options dataclass: names, types, defaults and limits
+    # The options dataclass: names, types, defaults and limits. None: the user's own model
+    # (model.name a reference), called as builder(**options) with what the spec gives.
+    options: type | None
     block_list: bool = False   # built as a block list: trains on the pipeline, one stage or more
     shard_units: str = ""      # "module:function": function(model) -> the submodules fsdp shards
 
     @property
+    def own(self) -> bool:
+        """The user's model, not one of the catalog's."""
+        return self.options is None
+
+    @property
     def option_names(self) -> tuple[str, ...]:
-        return tuple(f.name for f in fields(self.options))
+        return tuple(f.name for f in fields(self.options)) if self.options else ()
 
 
 _RESNET_UNITS = "hpc_train.models.resnet:shard_units"
@@ -96,10 +103,17 @@ MODELS: dict[str, Model] = {
 MODEL_NAMES: tuple[str, ...] = tuple(MODELS)
 
 
+# FSDP's units of a user's model: those it declares (hpc_train.models.declared_units).
+_DECLARED_UNITS = "hpc_train.models:declared_units"
+
+
 def model(name: str) -> Model:
-    """The catalog entry of `name`; ValueError naming the valid names (and a close one) if none."""
+    """The catalog entry of `name`, or the entry of the user's model a `module:callable`
+    reference names; ValueError naming the valid names (and a close one) otherwise."""
     if name in MODELS:
         return MODELS[name]
+    if isinstance(name, str) and ":" in name:
+        return Model(name, None, shard_units=_DECLARED_UNITS)
     close = difflib.get_close_matches(str(name), MODEL_NAMES, n=1)
     hint = f" Did you mean {close[0]!r}?" if close else ""
     raise ValueError(f"unknown model {name!r}; valid names: {', '.join(MODEL_NAMES)}.{hint}")

@@ -13,6 +13,7 @@ set by the driver), which DeepSpeed then joins instead of making its own.
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import Any, Callable
 
@@ -38,6 +39,11 @@ def start_engine(model: torch.nn.Module, optimizer: torch.optim.Optimizer, confi
     engine_config), in our torch.distributed world: the engine, whose `optimizer` is the ZeRO
     optimizer wrapping ours (its param_groups are ours: the loop's LR reaches them)."""
     os.environ.update(identity_env(identity, device))
+    # DeepSpeed builds its CPU communication op (ninja) at the first init in an environment, into
+    # torch's one cache per user unless told otherwise: two Python environments (two checkouts,
+    # two venvs) then rebuild it in turn, and one build interrupted the other's (seen here). One
+    # folder per environment; a user's own TORCH_EXTENSIONS_DIR wins.
+    os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path(sys.prefix) / "torch-extensions"))
     init_torch_distributed(identity.rank, identity.size, device)
     import deepspeed
 

@@ -11,6 +11,7 @@ from hpc_train.rundir import CODE_CACHE, RunPaths
 from hpc_train.runtime import environment
 from hpc_train.slurm import snapshot
 from hpc_train.spec import JobSpec
+from hpc_train.spec.code_refs import own_packages
 
 # What a submission does about the code the job imports (slurm/snapshot.py).
 CODE_NEW = "new"      # snapshot the source this process runs; the run links to it
@@ -24,7 +25,7 @@ def take_snapshot(spec: JobSpec, paths: RunPaths | None, mode: str) -> snapshot.
     if mode != CODE_NEW:
         return None
     cache = paths.code_cache if paths else Path(spec.run.root).resolve() / CODE_CACHE
-    return snapshot.take(snapshot.package_dir(), cache)
+    return snapshot.take(snapshot.package_dir(), cache, own_packages(spec, Path.cwd()))
 
 
 def attach_code(paths: RunPaths, mode: str, taken: snapshot.Snapshot | None, where: str) -> Path | None:

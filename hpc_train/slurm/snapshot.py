@@ -9,8 +9,9 @@ start of the run imports the submitted code. Runs of the same source share one c
 
 Only source is copied (`.py` files, and the `.so` extension modules built from the package's C
 source), read once: the hash is of the bytes written. Nothing in the source or the snapshot is
-imported or run here. The spec has no notion of user modules (models come from the package's
-own catalog), so there is nothing else to copy.
+imported or run here. The user's packages that the spec's references name (spec/code_refs.py:
+found in the submit directory or run.code) are copied beside ours, `<sha256>/<their package>/`,
+so a requeue imports their submitted code too.
 """
 
 from __future__ import annotations
@@ -73,13 +74,37 @@ def digest(contents: dict[str, bytes]) -> str:
 
 def read_package(package: Path) -> dict[str, bytes]:
     """`package`'s source files, keyed `hpc_train/<relative path>` as they lie in a snapshot."""
-    return {f"{PACKAGE}/{name}": (package / name).read_bytes() for name in source_files(package)}
+    return read_sources({PACKAGE: package})
 
 
-def take(package: Path, cache: Path) -> Snapshot:
-    """Copy `package` into `cache/<sha256>` unless that copy exists; either way checked."""
-    contents = read_package(package)
-    if not contents:
+def read_sources(packages: dict[str, Path]) -> dict[str, bytes]:
+    """The source files of each top package (name -> its folder, or its single module file),
+    keyed by their path in a snapshot: `<name>/<relative path>`, or `<name>.py`."""
+    contents = {}
+    for name, path in packages.items():
+        if path.is_file():
+            contents[path.name] = path.read_bytes()
+        else:
+            contents.update({f"{name}/{rel}": (path / rel).read_bytes() for rel in source_files(path)})
+    return contents
+
+
+def _snapshot_sources(target: Path) -> dict[str, bytes]:
+    """What a snapshot folder holds, read as `read_sources` read it when it was written."""
+    packages = {entry.name if entry.is_dir() else entry.stem: entry
+                for entry in sorted(target.iterdir())
+                if entry.is_dir() or entry.suffix in SUFFIXES}
+    return read_sources(packages)
+
+
+def take(package: Path, cache: Path, own: dict[str, Path] | None = None) -> Snapshot:
+    """Copy `package`, and the user's packages `own` (top name -> folder or module file), into
+    `cache/<sha256>` unless that copy exists; either way checked."""
+    if own and PACKAGE in own:
+        raise SubmitError(f"your code at {own[PACKAGE]} is a package named {PACKAGE}, as ours is; "
+                          "rename it")
+    contents = read_sources({PACKAGE: package, **(own or {})})
+    if not read_package(package):
         raise SubmitError(f"no source files under {package}: nothing to snapshot. Fix: submit "
                           "from an installed or checked-out hpc_train, or use --no-snapshot")
     key = digest(contents)
@@ -110,7 +135,7 @@ def _write_new(cache: Path, key: str, contents: dict[str, bytes]) -> None:
 
 
 def _check(target: Path, key: str) -> None:
-    found = digest(read_package(target / PACKAGE))
+    found = digest(_snapshot_sources(target))
     if found != key:
         raise SubmitError(f"the code snapshot {target} was changed after it was written (its files "
                           f"hash to {found[:12]}..., not {key[:12]}...). Fix: remove that folder "

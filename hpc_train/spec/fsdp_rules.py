@@ -43,7 +43,9 @@ def half_parameters_without_batch_norm(spec: JobSpec) -> Iterator[Problem]:
     """BatchNorm's running statistics are fp32 buffers, which FSDP does not cast: a half-precision
     weight meets them in batch_norm and the first forward fails."""
     dtype = spec.parallel.fsdp.param_dtype
-    if _fsdp(spec) and dtype not in (None, "fp32") and not model_entry(spec.model.name).block_list:
+    entry = model_entry(spec.model.name)
+    # The user's own model: whether it has BatchNorm is not known here (nor imported to find out).
+    if _fsdp(spec) and dtype not in (None, "fp32") and not entry.block_list and not entry.own:
         yield Problem("parallel.fsdp.param_dtype", f"{dtype!r} with model.name "
                       f"{spec.model.name!r}", "the model's BatchNorm keeps fp32 running "
                       "statistics, which half-precision weights cannot meet",

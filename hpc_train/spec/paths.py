@@ -12,12 +12,14 @@ from pathlib import Path
 
 from hpc_train.spec.schema import JobSpec
 
-# (section, field) of every path-valued field.
+# (section, field) of every path-valued field; and run.code, a list of paths.
 PATH_FIELDS = (("run", "root"), ("data", "path"), ("slurm", "site_profile"))
 
 
 def resolve_paths(spec: JobSpec, base: str | Path | None = None) -> JobSpec:
     base = Path(base or os.getcwd())
+    code = [str((base / Path(folder).expanduser()).resolve()) for folder in spec.run.code]
+    spec = dataclasses.replace(spec, run=dataclasses.replace(spec.run, code=code))
     for section_name, field in PATH_FIELDS:
         section = getattr(spec, section_name)
         value = getattr(section, field)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import fields, replace
 
+from hpc_train import usercode
 from hpc_train.launch.network import MPI_INTERFACE_VARS, RANK_INTERFACE_VARS
 from hpc_train.spec.compression_rules import COMPRESSION_ERROR_RULES
 from hpc_train.spec.fsdp_rules import FSDP_ERROR_RULES, FSDP_WARNING_RULES
@@ -100,16 +101,45 @@ def milestones_within_training(spec: JobSpec) -> Iterator[Problem]:
 
 
 def path_unused(spec: JobSpec) -> Iterator[Problem]:
-    if spec.data.kind in ("synthetic", "text") and spec.data.path is not None:
+    if spec.data.kind == "dataset" and spec.data.path is not None:
+        yield Problem("data.path", f"{spec.data.path!r} with data.kind 'dataset'",
+                      "data.path is the directory of our shards; your dataset is not given it",
+                      "pass your dataset's paths in data.options (its keyword arguments), e.g. "
+                      "data.options.root: /path/to/images, and remove data.path")
+    elif spec.data.kind in ("synthetic", "text") and spec.data.path is not None:
         yield Problem("data.path", f"{spec.data.path!r} with data.kind {spec.data.kind!r}",
                       "generated data reads no files, so the path is ignored",
                       "set data.kind: hdf5 (or tokens) to read it, or remove data.path")
 
 
 def copy_to_unused(spec: JobSpec) -> Iterator[Problem]:
-    if spec.data.copy_to is not None and spec.data.kind in ("synthetic", "text"):
+    if spec.data.copy_to is not None and spec.data.kind in ("synthetic", "text", "dataset"):
         yield Problem("data.copy_to", f"{spec.data.copy_to!r} with data.kind {spec.data.kind!r}",
-                      "generated data has no shards to copy", "remove data.copy_to")
+                      "only our shards are copied to a node-local directory",
+                      "remove data.copy_to (copy your dataset's files in slurm.setup if needed)")
+
+
+def dataset_named(spec: JobSpec) -> Iterator[Problem]:
+    """data.kind dataset and data.dataset go together."""
+    data = spec.data
+    if data.kind == "dataset" and data.dataset is None:
+        yield Problem("data.dataset", "null with data.kind 'dataset'",
+                      "the dataset kind reads your own dataset, named by reference",
+                      "set data.dataset: package.module:callable, e.g. my_lab.data:images")
+    elif data.kind != "dataset" and (data.dataset is not None or data.options):
+        key = "data.dataset" if data.dataset is not None else "data.options"
+        yield Problem(key, f"set with data.kind {data.kind!r}",
+                      "your dataset is only read with data.kind dataset",
+                      "set data.kind: dataset, or remove " + key)
+
+
+def optimizer_options_unused(spec: JobSpec) -> Iterator[Problem]:
+    if spec.optim.options and not usercode.looks_like_reference(spec.optim.name):
+        yield Problem("optim.options", f"{sorted(spec.optim.options)} with optim.name "
+                      f"{spec.optim.name!r}", "optim.options are the keyword arguments of an "
+                      "optimizer named by reference; ours take optim.momentum, weight_decay, ...",
+                      "use those keys, or name the optimizer by reference, e.g. "
+                      "optim.name: torch.optim:RAdam")
 
 
 def copy_to_on_the_node(spec: JobSpec) -> Iterator[Problem]:
@@ -166,6 +196,7 @@ def pmi_needs_srun(spec: JobSpec) -> Iterator[Problem]:
 
 ERROR_RULES: tuple[Rule, ...] = (hdf5_needs_path, signal_before_limit, keep_every_needs_period,
                                  one_rank_per_gpu, one_network_setting, copy_to_on_the_node,
+                                 dataset_named, optimizer_options_unused,
                                  *PIPELINE_ERROR_RULES, *THROUGHPUT_ERROR_RULES,
                                  *NODE_RANGE_ERROR_RULES, *FSDP_ERROR_RULES,
                                  *DEEPSPEED_ERROR_RULES, *COMPRESSION_ERROR_RULES)

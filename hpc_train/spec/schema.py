@@ -54,6 +54,11 @@ class RunSpec:
     root: str = spec_field("runs", doc="directory under which run directories are made",
                            check=values.check_path)
     seed: int = spec_field(0, doc="base random seed; each rank derives its own", ge=0)
+    code: list[str] = spec_field(
+        doc="folders holding the packages your references (model.name, data.dataset, "
+        "optim.name) name, besides the submit directory; the snapshot taken at submit copies "
+        "those packages with ours", factory=list, each=values.check_path,
+        example=["examples/user_cnn"])
 
 
 @dataclass(frozen=True)
@@ -167,9 +172,17 @@ class LaunchSpec:
 
 @dataclass(frozen=True)
 class DataSpec:
-    kind: Literal["synthetic", "hdf5", "text", "tokens"] = spec_field(
+    kind: Literal["synthetic", "hdf5", "text", "tokens", "dataset"] = spec_field(
         "synthetic", doc="where samples come from: synthetic or hdf5 images; text (a generated "
-        "corpus) or tokens (HDF5 token shards) for the gpt model")
+        "corpus) or tokens (HDF5 token shards) for the gpt model; dataset: your own map-style "
+        "dataset (data.dataset)")
+    dataset: Optional[str] = spec_field(
+        None, doc="kind dataset: package.module:callable returning your torch Dataset (with "
+        "__len__, items (input, target)) for a split; called as callable(split, **data.options), "
+        "split 'train' or 'val' (return None for no validation split)",
+        check=values.check_reference, example="my_lab.data:images")
+    options: dict[str, Any] = spec_field(
+        doc="kind dataset: keyword arguments of data.dataset (paths, sizes, ...)", factory=dict)
     path: Optional[str] = spec_field(None, doc="directory of HDF5 shards (kind hdf5 or tokens)",
                                      check=values.check_path, example="/path/to/imagenet-shards")
     num_classes: int = spec_field(1000, doc="classes of image data (token data: vocab_size)",
@@ -207,18 +220,26 @@ class DataSpec:
 
 @dataclass(frozen=True)
 class ModelSpec:
-    name: ModelName = spec_field("resnet50", doc="architecture from the model catalog "
-                                 "(hpc_train/models/catalog.py)")
+    name: Union[ModelName, str] = spec_field(
+        "resnet50", doc="architecture from the model catalog (hpc_train/models/catalog.py), or "
+        "your own: package.module:callable returning a torch.nn.Module, called with "
+        "model.options as keyword arguments", check=values.choice_or_reference(MODEL_NAMES, "model"))
     # Only the options given, converted: the defaults have one home, the catalog, and a loaded
     # spec equals one built by hand.
     options: dict[str, Any] = spec_field(
-        doc="the model's own options, as declared in its catalog entry; unset ones take the "
-        "catalog's defaults", factory=dict, declared_by=lambda model: options_of(model["name"]))
+        doc="the model's own options, as declared in its catalog entry (unset ones take the "
+        "catalog's defaults); for your own model, its keyword arguments", factory=dict,
+        declared_by=lambda model: options_of(model["name"]))
 
 
 @dataclass(frozen=True)
 class OptimSpec:
-    name: Literal["sgd", "adamw"] = spec_field("sgd", doc="optimizer")
+    name: Union[Literal["sgd", "adamw"], str] = spec_field(
+        "sgd", doc="optimizer: sgd, adamw, or package.module:callable (torch.optim:RAdam, your "
+        "own) called as callable(params, lr=..., **optim.options); the LR schedule stays ours",
+        check=values.choice_or_reference(("sgd", "adamw"), "optimizer"))
+    options: dict[str, Any] = spec_field(
+        doc="keyword arguments of an optimizer named by reference (optim.name)", factory=dict)
     base_lr: float = spec_field(0.1, doc="learning rate per 256 samples; scaled by samples per "
                                 "optimizer step", gt=0)
     momentum: float = spec_field(0.9, doc="SGD momentum (beta1 for adamw)", ge=0, le=1)

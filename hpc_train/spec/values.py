@@ -11,6 +11,7 @@ from __future__ import annotations
 import ipaddress
 import re
 
+from hpc_train import usercode
 from hpc_train.scheduler.parse import DURATION_FORMATS, parse_duration
 
 
@@ -127,4 +128,35 @@ def check_increasing(values: list):
         return ("milestones are epochs and must be >= 1", "e.g. optim.step_milestones: [30, 60, 80]")
     if any(b <= a for a, b in zip(values, values[1:])):
         return ("milestones must be strictly increasing", "sort them, e.g. [30, 60, 80]")
+    return None
+
+
+def choice_or_reference(choices: tuple[str, ...], what: str):
+    """A `check_*` for a key that takes one of our `choices` or a reference to the user's own
+    code (usercode.py): `model.name`, `optim.name`."""
+    def check(text: str):
+        if text in choices:
+            return None
+        if usercode.looks_like_reference(text):
+            try:
+                usercode.parse(text)
+            except ValueError as exc:
+                return (str(exc), f"write it as module:callable, e.g. {usercode.EXAMPLE}")
+            return None
+        import difflib
+
+        close = difflib.get_close_matches(str(text), choices, n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        return (f"must be one of {', '.join(choices)}, or a reference package.module:callable "
+                f"to your own {what}", f"{hint}e.g. {choices[0]}, or {usercode.EXAMPLE}")
+
+    return check
+
+
+def check_reference(text: str):
+    """A key that only takes a reference to the user's code (data.dataset)."""
+    try:
+        usercode.parse(text)
+    except ValueError as exc:
+        return (str(exc), "write it as module:callable, e.g. my_lab.data:images")
     return None

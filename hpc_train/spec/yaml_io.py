@@ -27,8 +27,11 @@ _FLOAT_TAG = "tag:yaml.org,2002:float"
 _INT = re.compile(r"""^(?:[-+]?0b[0-1_]+
                     |[-+]?(?:0|[1-9][0-9_]*)
                     |[-+]?0x[0-9a-fA-F_]+)$""", re.X)
-_FLOAT = re.compile(r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+][0-9]+)?
-                    |\.[0-9][0-9_]*(?:[eE][-+][0-9]+)?
+# Exponents as YAML 1.2 writes them too (1e-6, 3E5: strings to PyYAML), so that they are
+# numbers where the schema does not say (a user model's or optimizer's options).
+_FLOAT = re.compile(r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
+                    |[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+
+                    |\.[0-9][0-9_]*(?:[eE][-+]?[0-9]+)?
                     |[-+]?\.(?:inf|Inf|INF)
                     |\.(?:nan|NaN|NAN))$""", re.X)
 

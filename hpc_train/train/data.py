@@ -1,4 +1,5 @@
-"""Data loaders of one rank, from the spec: synthetic images or HDF5 shards.
+"""Data loaders of one rank, from the spec: synthetic images, HDF5 shards, or the user's own
+map-style dataset (data.kind dataset).
 
 Training order comes from `ResumableBlockSampler` (same global order for every world size, exact
 mid-epoch resume from one number); validation covers every sample once (`ValidationSampler`).
@@ -19,7 +20,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from hpc_train.data.sampler import ResumableBlockSampler, ValidationSampler
+from hpc_train.data.sampler import ResumableBlockSampler, ValidationSampler, as_key
 from hpc_train.errors import DataError
 from hpc_train.runtime.parent_death import PARENT_ENV, die_with_parent, served_pid
 from hpc_train.runtime.stop import STOP_SIGNALS, ignore_stop_signals
@@ -162,12 +163,48 @@ def _synthetic(spec, split: str):
                            first_index=first)
 
 
+def own_dataset(spec, split: str):
+    """The user's dataset of `split` (data.kind dataset): data.dataset called with the split and
+    data.options. None for a split it does not have; a DataError naming the reference when what
+    it returns has no length (the sampler orders indices 0..len-1, which exact resume needs)."""
+    from hpc_train.usercode import call
+
+    data = spec.data
+    dataset = call(data.dataset, f"the {split} dataset", split, **data.options)
+    if dataset is None:
+        return None
+    if not hasattr(dataset, "__getitem__") or not hasattr(dataset, "__len__"):
+        raise DataError(f"data.dataset {data.dataset} returned {type(dataset).__name__} for split "
+                        f"{split!r}, which has no __len__ and __getitem__: exact resume needs a "
+                        "map-style torch Dataset (an IterableDataset cannot resume mid-epoch)")
+    return ByIndex(dataset)
+
+
+class ByIndex(torch.utils.data.Dataset):
+    """The user's dataset indexed as a map-style dataset expects: by a plain index. Our training
+    sampler names samples as SampleKey(epoch, index) (our datasets draw augmentation from it)."""
+
+    def __init__(self, dataset):
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, key):
+        return self.dataset[as_key(key).index]
+
+
 def evaluation_dataset(spec, split: str = "val", root: str | Path | None = None,
                        uint8: bool = False):
     """`split` of the run's image data (of the shards under `root` if given) with the validation
     transform: what the trainer validates on, and what `evaluate` reads. uint8: left for the
     rank to normalise on its device (DeviceInputs)."""
     data = spec.data
+    if data.kind == "dataset":
+        dataset = own_dataset(spec, split)
+        if dataset is None:
+            raise DataError(f"data.dataset {data.dataset} has no {split!r} split (it returned None)")
+        return dataset
     if data.kind == "synthetic":
         if split not in ("train", "val"):
             raise DataError(f"split {split!r}: synthetic data has the splits train and val only")
@@ -185,6 +222,11 @@ def _datasets(spec, uint8: bool):
         return _token_datasets(spec)
     if data.kind == "synthetic":
         return _synthetic(spec, "train"), (_synthetic(spec, "val") if data.val_samples else None)
+    if data.kind == "dataset":
+        train = own_dataset(spec, "train")
+        if train is None:
+            raise DataError(f"data.dataset {data.dataset} returned None for the train split")
+        return train, own_dataset(spec, "val")
     from hpc_train.data.shard_dataset import ShardedImages
     from hpc_train.data.transforms import TrainTransform
 
@@ -229,6 +271,17 @@ class DeviceInputs:
             yield self(images, labels)
 
 
+def _order_settings(spec, train) -> dict:
+    """The sampler's settings for the data. Our shards are written shuffled and read in blocks
+    of nearby samples; a user's dataset is shuffled sample by sample, since many are sorted by
+    class (an image folder), which blocks would turn into batches of one class, and its
+    `fingerprint` attribute, if it declares one (a str), is checked at resume with its length."""
+    if spec.data.kind != "dataset":
+        return {}
+    fingerprint = getattr(train.dataset, "fingerprint", None)
+    return {"block_size": 1, "fingerprint": None if fingerprint is None else str(fingerprint)}
+
+
 def build_loaders(spec, rank: int, size: int, pin: bool, uint8: bool = False,
                   root: Path | None = None) -> tuple[DataLoader, DataLoader | None]:
     """`uint8`: image transforms return uint8 CHW (see `normalizes_on_device`). root: read the
@@ -238,7 +291,8 @@ def build_loaders(spec, rank: int, size: int, pin: bool, uint8: bool = False,
     train, val = _datasets(spec, uint8)
     try:
         sampler = ResumableBlockSampler(len(train), rank, size, spec.data.batch_size,
-                                        passes_per_step=spec.parallel.accumulation, seed=spec.run.seed)
+                                        passes_per_step=spec.parallel.accumulation, seed=spec.run.seed,
+                                        **_order_settings(spec, train))
     except ValueError as exc:
         raise DataError(f"training data too small: {exc}") from None
     val_loader = None

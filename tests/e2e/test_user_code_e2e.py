@@ -1,0 +1,80 @@
+"""The user's own model and dataset on the real Slurm: jobs/user_cnn.yaml as shipped (a lab's
+package outside ours, examples/user_cnn/lab_cnn, named by reference) submitted with `submit`.
+
+- Uninterrupted, it trains (the loss halves) and its code snapshot holds the user's package.
+- Stopped by USR2 to the batch shell at step 8, it saves, requeues itself and ends COMPLETED with
+  every rank's parameters, optimizer and buffers bit-identical to the uninterrupted run, the loss
+  of every step equal: exact resume holds for the user's map-style dataset as for our shards.
+- A model that does not build fails the job with the user's traceback (their file and line) in
+  the rank's log and in `diagnose`.
+"""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from tests.runs import (assert_same_training, assert_trained, cli, describe_failure, events,
+                        logged_step, submit, wait_for)
+
+pytestmark = [pytest.mark.slurm, pytest.mark.mpi, pytest.mark.horovod, pytest.mark.slow]
+
+ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"}
+SPEC = "jobs/user_cnn.yaml"
+TOTAL_STEPS = 46           # 1 epoch of 3,000 demo images at 64 per step, the tail dropped
+WATCH = ["log.every_steps=1", "optim.epochs=1"]
+BROKEN = """
+def build():
+    return make_layers()      # the user's bug: make_layers is not defined
+"""
+
+
+@pytest.fixture(scope="module")
+def jobs(slurm_cluster, tmp_path_factory):
+    root = tmp_path_factory.mktemp("usercode")
+    broken = root / "broken_lab"
+    broken.mkdir()
+    (broken / "__init__.py").write_text("")
+    (broken / "nets.py").write_text(BROKEN)
+    submitted = {}
+    for name, overrides in {"straight": WATCH, "stopped": WATCH,
+                            "broken": [f"run.code=[examples/user_cnn, {root}]", "model.name=broken_lab.nets:build",
+                                       "model.options={}", "checkpoint.retries_on_failure=0",
+                                       "launch.restarts_in_job=0"]}.items():
+        job_id, paths = submit(SPEC, root, f"run.name={name}", *overrides)
+        slurm_cluster.job_ids.append(job_id)
+        submitted[name] = (job_id, paths)
+    job_id, paths = submitted["stopped"]
+    wait_for(lambda: logged_step(paths) >= 8, 900, "step 8 of the stopped run")
+    subprocess.run(["scancel", "--batch", "--signal=USR2", job_id], check=True, timeout=30)
+    return submitted
+
+
+def test_the_users_model_and_data_train_and_travel_with_the_run(jobs, slurm_cluster):
+    job_id, paths = jobs["straight"]
+    assert slurm_cluster.wait_state(job_id, ENDED, timeout=1200) == "COMPLETED", describe_failure(paths)
+    assert_trained(paths)
+    code = paths.code.resolve()
+    assert (code / "lab_cnn" / "model.py").is_file() and (code / "hpc_train").is_dir()
+    assert events(paths, "started")[0]["ranks"] == 2
+
+
+def test_stopped_and_requeued_it_ends_bit_identical(jobs, slurm_cluster):
+    job_id, paths = jobs["stopped"]
+    assert slurm_cluster.wait_state(job_id, ENDED, timeout=1200) == "COMPLETED", describe_failure(paths)
+    straight_id, straight = jobs["straight"]
+    assert slurm_cluster.wait_state(straight_id, ENDED, timeout=1200) == "COMPLETED"
+    requeued = events(paths, "requeued")
+    assert [(e["cause"], e["by"]) for e in requeued] == [("stop", "driver")], requeued
+    assert events(paths, "resumed")[0]["step"] == events(paths, "stop_saved")[0]["step"]
+    assert_same_training(paths, straight, TOTAL_STEPS)
+
+
+def test_a_model_that_does_not_build_shows_the_users_traceback(jobs, slurm_cluster):
+    job_id, paths = jobs["broken"]
+    assert slurm_cluster.wait_state(job_id, ENDED, timeout=900) == "FAILED", describe_failure(paths)
+    log = paths.rank_log(0).read_text()
+    assert "broken_lab/nets.py\", line 3, in build" in log and "NameError" in log, log[-3000:]
+    diagnosis = cli("diagnose", str(paths.root)).stdout
+    assert "nets.py" in diagnosis and "make_layers" in diagnosis, diagnosis
