@@ -14,7 +14,7 @@ import json
 from collections import defaultdict
 from pathlib import Path
 
-from hpc_train.data.sampler import block_order
+from hpc_train.data.sampler import block_order, block_size_for
 
 
 def read_ledger(path: Path) -> list[dict]:
@@ -46,7 +46,7 @@ def assert_every_sample_once_in_order(rows: list[dict], spec, size: int) -> dict
     samples trained per epoch."""
     trained = {}
     for epoch in range(spec.optim.epochs):
-        order = block_order(size, spec.run.seed, epoch, 256).tolist()
+        order = block_order(size, spec.run.seed, epoch, block_size_for(spec.data.kind)).tolist()
         steps = sorted((p, r) for (e, p), r in _steps(rows).items() if e == epoch)
         start = 0
         for position, step in steps:

@@ -77,6 +77,16 @@ def rank_batches(order: np.ndarray, rank: int, world: int, batch_per_rank: int,
     return remaining[:passes * per_pass].reshape(passes, world, batch_per_rank)[:, rank].ravel()
 
 
+BLOCK_SIZE = 256     # our shards: written shuffled, read in runs of nearby samples
+
+
+def block_size_for(data_kind: str) -> int:
+    """The training order's block size for a data kind: a user's dataset (kind `dataset`) is
+    shuffled sample by sample, since many are sorted by class (an image folder), which blocks
+    would turn into batches of one class."""
+    return 1 if data_kind == "dataset" else BLOCK_SIZE
+
+
 class ResumableBlockSampler:
     """Torch sampler (iterable of SampleKeys with a length) over `block_order` + `rank_batches`.
 
@@ -90,7 +100,7 @@ class ResumableBlockSampler:
     """
 
     def __init__(self, num_samples: int, rank: int, world: int, batch_per_rank: int, *,
-                 passes_per_step: int = 1, seed: int = 0, block_size: int = 256,
+                 passes_per_step: int = 1, seed: int = 0, block_size: int = BLOCK_SIZE,
                  shuffle: bool = True, fingerprint: str | None = None):
         if not 0 <= rank < world:
             raise ValueError(f"rank {rank} is outside 0..{world - 1}")

@@ -20,7 +20,8 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from hpc_train.data.sampler import ResumableBlockSampler, ValidationSampler, as_key
+from hpc_train.data.sampler import (ResumableBlockSampler, ValidationSampler, as_key,
+                                    block_size_for)
 from hpc_train.errors import DataError
 from hpc_train.runtime.parent_death import PARENT_ENV, die_with_parent, served_pid
 from hpc_train.runtime.stop import STOP_SIGNALS, ignore_stop_signals
@@ -272,14 +273,13 @@ class DeviceInputs:
 
 
 def _order_settings(spec, train) -> dict:
-    """The sampler's settings for the data. Our shards are written shuffled and read in blocks
-    of nearby samples; a user's dataset is shuffled sample by sample, since many are sorted by
-    class (an image folder), which blocks would turn into batches of one class, and its
-    `fingerprint` attribute, if it declares one (a str), is checked at resume with its length."""
-    if spec.data.kind != "dataset":
-        return {}
-    fingerprint = getattr(train.dataset, "fingerprint", None)
-    return {"block_size": 1, "fingerprint": None if fingerprint is None else str(fingerprint)}
+    """The sampler's settings for the data (block_size_for), and a user's dataset's
+    `fingerprint` attribute if it declares one (a str), checked at resume with its length."""
+    settings = {"block_size": block_size_for(spec.data.kind)}
+    fingerprint = getattr(getattr(train, "dataset", None), "fingerprint", None)
+    if spec.data.kind == "dataset" and fingerprint is not None:
+        settings["fingerprint"] = str(fingerprint)
+    return settings
 
 
 def build_loaders(spec, rank: int, size: int, pin: bool, uint8: bool = False,

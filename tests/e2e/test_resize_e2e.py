@@ -34,7 +34,7 @@ from tests.runs import cli, describe_failure, events, heartbeat_step, metrics_af
 pytestmark = [pytest.mark.slurm, pytest.mark.mpi, pytest.mark.horovod, pytest.mark.slow]
 
 ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"}
-SMOKE, PIPELINE = "jobs/smoke.yaml", "jobs/transformer_pipeline_cpu.yaml"
+SMOKE, PIPELINE, USER = "jobs/smoke.yaml", "jobs/transformer_pipeline_cpu.yaml", "jobs/user_cnn.yaml"
 # A stop ends the job (no requeue) so that `resume` submits it again on other ranks.
 STOPPED = ["log.every_steps=1", "checkpoint.max_requeues=0"]
 STOP_AT = 12                # the ranks agree on a stop every 5 steps: it saves at step 15
@@ -53,11 +53,12 @@ PLAN = {
     "horovod-2-4-1": (SMOKE, "horovod", (Resume(4), Resume(1, (KEEP,)))),
     "ddp-2-4-1": (SMOKE, "ddp", (Resume(4), Resume(1))),
     "pipeline-to-1-replica": (PIPELINE, "ddp", (Resume(2),)),
+    "user-cnn-2-4-1": (USER, "horovod", (Resume(4), Resume(1))),     # the user's own dataset
 }
 # CI's reduced form (the rest with --heavy): the Horovod chain, to more ranks (the linear rule)
 # and then to fewer keeping the global batch; DDP's chain is the same sample arithmetic, the
-# pipeline's its own.
-HEAVY = {"ddp-2-4-1", "pipeline-to-1-replica"}
+# pipeline's its own; the user's dataset goes through the same sampler and ledger as the shards.
+HEAVY = {"ddp-2-4-1", "pipeline-to-1-replica", "user-cnn-2-4-1"}
 
 
 def _stop(cluster, job_id: str, paths, when, what: str, stops: int) -> str:
