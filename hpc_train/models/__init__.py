@@ -7,7 +7,7 @@ node; this module imports a builder (and with it torch) only inside `build_model
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from hpc_train.models.catalog import MODEL_NAMES, model as model_entry
 
@@ -39,11 +39,21 @@ def build_model(name: str, num_classes: int, options: Mapping[str, Any] | None =
     return _named(entry.builder)(num_classes, **inputs, **options)
 
 
-def shard_units(name: str, model: "nn.Module") -> "list[nn.Module]":
-    """The submodules of `model` (built as catalog model `name`) that fsdp shards one by one,
-    before the root: ResNet stages, gpt blocks. Each is gathered whole for its forward, so
-    the largest one bounds the memory of gathered parameters."""
-    return list(_named(model_entry(name).shard_units)(model))
+def shard_units(name: str, model: "nn.Module", classes: Sequence[str] = ()) -> "list[nn.Module]":
+    """The submodules of `model` (built as model `name`) that fsdp shards one by one, before the
+    root: those of the class names `classes` (parallel.fsdp.units) if given, else the entry's
+    (ResNet stages, gpt blocks, a user model's fsdp_units()). Each is gathered whole for its
+    forward, so the largest one bounds the memory of gathered parameters."""
+    if not classes:
+        return list(_named(model_entry(name).shard_units)(model))
+    units = [m for m in model.modules() if type(m).__name__ in classes and m is not model]
+    found = {type(m).__name__ for m in units}
+    if missing := [c for c in classes if c not in found]:
+        present = sorted({type(m).__name__ for m in model.modules()})
+        raise ValueError(f"parallel.fsdp.units: no submodule of class {', '.join(missing)} in "
+                         f"{name}; its classes: {', '.join(present)}")
+    # A unit inside another unit is sharded first, as fully_shard needs (modules() is outer first).
+    return units[::-1]
 
 
 def _own_model(name: str, options: dict[str, Any]) -> "nn.Module":

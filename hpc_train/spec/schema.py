@@ -330,6 +330,10 @@ class FsdpSpec:
     cpu_offload: bool = spec_field(
         False, doc="keep the sharded parameters, gradients and optimizer state in host memory "
         "(the optimizer steps on the CPU); for GPU jobs whose state does not fit")
+    units: list[str] = spec_field(
+        doc="class names of the submodules sharded one by one (e.g. your model's block class); "
+        "empty: the catalog's blocks, or your model's fsdp_units()", factory=list,
+        each=values.check_class_name, example=["Block"])
 
 
 @dataclass(frozen=True)

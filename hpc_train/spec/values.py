@@ -160,3 +160,8 @@ def check_reference(text: str):
     except ValueError as exc:
         return (str(exc), "write it as module:callable, e.g. my_lab.data:images")
     return None
+
+
+check_class_name = pattern_check(re.compile(r"[A-Za-z_][A-Za-z0-9_]*"),
+                                 "a class name is one Python identifier",
+                                 "write the class's own name, e.g. Block (no module path)")

@@ -38,17 +38,19 @@ class FsdpParts:
         torch.manual_seed(spec.run.seed)  # the same whole model everywhere; each keeps its shards
         model = build_job_model(spec).to(device)
         self.tokens = model_entry(spec.model.name).block_list
-        self.model = self.backend.shard(model, shard_units(spec.model.name, model),
-                                        spec.parallel.fsdp)
+        units = shard_units(spec.model.name, model, spec.parallel.fsdp.units)
+        # Named before fully_shard renames their classes (FSDP<name>).
+        kinds = ", ".join(sorted({type(u).__name__ for u in units})) or "none"
+        self.model = self.backend.shard(model, units, spec.parallel.fsdp)
         self.optimizer = build_optimizer(spec.optim, self.model.parameters(), lr=spec.scaled_lr)
         self.precision = Precision(spec.precision.mode, device, spec.precision.loss_scale,
                                    spec.precision.init_scale, sharded=True)
         self.criterion = lm_loss if self.tokens else torch.nn.CrossEntropyLoss(
             label_smoothing=spec.optim.label_smoothing)
         if identity.is_main:
-            log.info("fsdp: %d ranks, %d parameters on this rank of %d, units %s", identity.size,
-                     local_numel(self.model), sum(p.numel() for p in self.model.parameters()),
-                     spec.model.name)
+            log.info("fsdp: %d ranks, %d parameters on this rank of %d, %d units of %s and the "
+                     "root", identity.size, local_numel(self.model),
+                     sum(p.numel() for p in self.model.parameters()), len(units), kinds)
 
     def states(self) -> CheckpointedState:
         """The scaler replicated; model and optimizer sharded (every rank writes its shards);

@@ -181,3 +181,23 @@ def test_validate_import_builds_the_users_code_in_a_subprocess(tmp_path):
               "--set", "model.options={}")
     assert out.returncode == 2
     assert 'broken_lab/nets.py", line 2, in build' in out.stderr and "NameError" in out.stderr, out.stderr
+
+
+def test_fsdp_units_named_by_class(example_on_path):
+    from hpc_train.models import build_model, shard_units
+
+    spec = spec_with("parallel.backend=fsdp", "parallel.fsdp.units=[Conv2d, Linear]")
+    model = build_model(spec.model.name, 10, spec.model.options)
+    units = shard_units(spec.model.name, model, spec.parallel.fsdp.units)
+    assert [type(u).__name__ for u in units] == ["Linear", "Conv2d", "Conv2d", "Conv2d"]
+    nested = shard_units(spec.model.name, model, ["Sequential", "Conv2d"])
+    position = {id(u): i for i, u in enumerate(nested)}
+    pairs = [(position[id(inner)], i) for i, outer in enumerate(nested)
+             for inner in outer.modules() if inner is not outer and id(inner) in position]
+    assert len(pairs) == 3 and all(a < b for a, b in pairs)     # children sharded before parents
+    with pytest.raises(ValueError, match="no submodule of class Block in lab_cnn.model:SmallCNN; "
+                                         "its classes: .*SmallCNN"):
+        shard_units(spec.model.name, model, ["Block"])
+    out = cli("validate", "jobs/user_cnn.yaml", "--no-slurm", "--set", "parallel.backend=fsdp",
+              "--set", "parallel.fsdp.units=[lab_cnn.Block]")
+    assert out.returncode == 2 and "a class name is one Python identifier" in out.stderr
