@@ -69,23 +69,17 @@ def locate(reference: Reference, roots: Iterable[Path]) -> Path | None:
     parts = reference.module.split(".")
     for root in roots:
         base = Path(root).joinpath(*parts)
+        # Folders on the way may be plain (namespace packages), as Python allows.
         for candidate in (base / "__init__.py", base.with_suffix(".py")):
-            if candidate.is_file() and _packages_on_the_way(Path(root), parts):
+            if candidate.is_file():
                 return candidate
     return None
 
 
-def _packages_on_the_way(root: Path, parts: list[str]) -> bool:
-    """Every folder between `root` and the module is a package (or a namespace package: a plain
-    folder, as Python allows)."""
-    return all((root.joinpath(*parts[:i])).is_dir() for i in range(1, len(parts)))
-
-
-def search_roots(submit_dir: Path, extra: Iterable[str] = ()) -> list[Path]:
-    """Where a job's references are looked for: the submit directory, the spec's `run.code`
-    folders (relative to it), then this Python's own path (installed packages)."""
-    roots = [submit_dir, *(submit_dir / e for e in extra)]
-    return roots + [Path(p) for p in sys.path if p and Path(p).is_dir()]
+def search_roots(own: Iterable[Path]) -> list[Path]:
+    """Where a job's references are looked for: the user's own folders (the submit directory,
+    the spec's `run.code`), then this Python's own path (installed packages)."""
+    return [*own, *(Path(p) for p in sys.path if p and Path(p).is_dir())]
 
 
 def package_folder(reference: Reference, source: Path) -> Path:

@@ -169,7 +169,8 @@ def summarize(run: RunFiles, now: float, slurm: Job | None = None,
         health=assess(run.beats, last.get("time"), now, running and not ended, quiet_seconds,
                       run.waiting_ranks, world_size=world, launched=launched,
                       stall_seconds=ev.stall_seconds(events, DEFAULT_STALL_SECONDS)),
-        restarts_in_job=dict(run.state.restarts_in_job), stops=dict(run.state.stops), slowest=slowest(run.beats, run.spec),
+        restarts_in_job=dict(run.state.restarts_in_job), stops=dict(run.state.stops),
+        slowest=slowest(run.beats, run.spec),
         trackers=list(run.trackers),
         updated=now)
 

@@ -41,8 +41,6 @@ def _seconds(text: str | None) -> float | None:
     if not text:
         return None
     words = text.split()
-    if len(words) == 2 and words[1].startswith("sec") and words[0].isdigit():
-        return float(words[0])
     if words[0].isdigit():
         return float(words[0])
     return parse_duration(words[0])

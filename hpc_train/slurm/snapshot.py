@@ -104,7 +104,7 @@ def take(package: Path, cache: Path, own: dict[str, Path] | None = None) -> Snap
         raise SubmitError(f"your code at {own[PACKAGE]} is a package named {PACKAGE}, as ours is; "
                           "rename it")
     contents = read_sources({PACKAGE: package, **(own or {})})
-    if not read_package(package):
+    if not any(name.startswith(f"{PACKAGE}/") for name in contents):
         raise SubmitError(f"no source files under {package}: nothing to snapshot. Fix: submit "
                           "from an installed or checked-out hpc_train, or use --no-snapshot")
     key = digest(contents)

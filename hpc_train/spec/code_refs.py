@@ -35,7 +35,7 @@ def code_problems(spec: JobSpec, submit_dir: Path) -> list[Problem]:
                         "give the folder that holds your package (relative to the submit "
                         "directory), or remove it")
                 for folder in spec.run.code if not (submit_dir / folder).is_dir()]
-    roots = usercode.search_roots(submit_dir, spec.run.code)
+    roots = usercode.search_roots(own_roots(spec, submit_dir))
     for key, text in named_code(spec):
         reference = usercode.parse(text)
         if usercode.locate(reference, roots) is None:

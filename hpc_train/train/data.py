@@ -224,10 +224,7 @@ def _datasets(spec, uint8: bool):
     if data.kind == "synthetic":
         return _synthetic(spec, "train"), (_synthetic(spec, "val") if data.val_samples else None)
     if data.kind == "dataset":
-        train = own_dataset(spec, "train")
-        if train is None:
-            raise DataError(f"data.dataset {data.dataset} returned None for the train split")
-        return train, own_dataset(spec, "val")
+        return evaluation_dataset(spec, "train"), own_dataset(spec, "val")
     from hpc_train.data.shard_dataset import ShardedImages
     from hpc_train.data.transforms import TrainTransform
 
