@@ -95,10 +95,11 @@ def spec_change_allowed(from_hash: str, to_hash: str, keys: list[str]) -> dict:
 
 
 def started(hosts: list[str], ranks: int, deadline: float | None, argv: list[str],
-            stall_seconds: float | str, launch: int = 0) -> dict:
+            stall_seconds: float | str, launch: int = 0, start_seconds: float | None = None) -> dict:
     """launch: which start of the ranks in this job (0; k after the k-th in-job restart)."""
     return {"event": STARTED, "hosts": hosts, "ranks": ranks, "deadline": deadline, "argv": argv,
-            "stall_seconds": stall_seconds, "launch": launch}
+            "stall_seconds": stall_seconds, "launch": launch,
+            **({"start_seconds": start_seconds} if start_seconds is not None else {})}
 
 
 def training_started(**fields) -> dict:
@@ -350,6 +351,14 @@ def stall_seconds(events: list[dict], default: float) -> float | str:
     value = found.get("stall_seconds") if found else None
     if value == "auto":
         return value
+    return float(value) if isinstance(value, (int, float)) and value > 0 else default
+
+
+def start_seconds(events: list[dict], default: float) -> float:
+    """launch.start_seconds of the latest run, as its `started` event says (`default` for runs
+    whose driver did not record it)."""
+    found = last(events, STARTED)
+    value = found.get("start_seconds") if found else None
     return float(value) if isinstance(value, (int, float)) and value > 0 else default
 
 

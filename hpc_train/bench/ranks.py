@@ -50,7 +50,8 @@ def run_ranks(spec: JobSpec, paths: RunPaths, allocation: Allocation, worker: st
     process = subprocess.Popen(launch_argv(plan), env=launcher_env(plan, environ), stdout=sys.stderr)
     forwarder = StopForwarder(process)
     watch = Watch(paths, allocation.world_size, spec.launch.stall_seconds,
-                  stop_grace(spec.slurm.signal_seconds), started, plan.method)
+                  stop_grace(spec.slurm.signal_seconds), started, plan.method,
+                  start_seconds=spec.launch.start_seconds)
     try:
         returncode, stall = supervise(process, forwarder, watch)
     finally:

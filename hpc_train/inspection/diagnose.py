@@ -149,8 +149,9 @@ def live_stall(beats: dict[int, heartbeat.Beat], history: list[dict], now: float
     """Ranks holding a RUNNING run now, from its heartbeats (health.stalled_now, as `status`)."""
     launched = events.start_time(history)
     setting = events.stall_seconds(history, DEFAULT_STALL_SECONDS)
-    held = health.stalled_now(beats, events.world_size(history), launched, now, setting)
-    stall_seconds = heartbeat.stall_bound(setting, beats.values())
+    start = events.start_seconds(history, heartbeat.AUTO_START_SECONDS)
+    held = health.stalled_now(beats, events.world_size(history), launched, now, setting, start)
+    stall_seconds = heartbeat.stall_bound(setting, beats.values(), start, events.world_size(history) or 0)
     if not held:
         return None
     newest = max([b.progress for b in beats.values()] + [launched])

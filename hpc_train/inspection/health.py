@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from hpc_train.job.watchdog import StalledRank, culprits, silent_after
-from hpc_train.runtime.heartbeat import Beat, beat_interval, stall_bound
+from hpc_train.runtime.heartbeat import AUTO_START_SECONDS, Beat, beat_interval, stall_bound
 from hpc_train.spec.schema import DEFAULT_STALL_SECONDS
 
 __all__ = ["Beat", "Health", "assess", "describe", "stalled_now"]
@@ -35,12 +35,14 @@ class Health:
 
 
 def stalled_now(beats: dict[int, Beat], world_size: int | None, launched: float, now: float,
-                stall_seconds: float | str) -> tuple[StalledRank, ...]:
+                stall_seconds: float | str,
+                start_seconds: float = AUTO_START_SECONDS) -> tuple[StalledRank, ...]:
     """The ranks holding a running job now; () while it progresses. launched: when the current
-    run started (a rank that never beat counts from then); stall_seconds: a number or "auto"."""
+    run started (a rank that never beat counts from then); stall_seconds: a number or "auto";
+    start_seconds: the bound before the first step, where longer."""
     interval = beat_interval(stall_seconds)
-    stall_seconds = stall_bound(stall_seconds, beats.values())
     world = world_size or (max(beats) + 1 if beats else 0)
+    stall_seconds = stall_bound(stall_seconds, beats.values(), start_seconds, world)
     if not world:
         return ()
     frozen = any(now - b.time >= silent_after(interval) for b in beats.values())
@@ -61,7 +63,8 @@ def describe(rank: StalledRank) -> str:
 def assess(beats: dict[int, Beat], last_metric_time: float | None, now: float, running: bool,
            quiet_seconds: float, waiting_ranks: list[int] | None = None, *,
            world_size: int | None = None, launched: float = 0.0,
-           stall_seconds: float | str = DEFAULT_STALL_SECONDS) -> Health:
+           stall_seconds: float | str = DEFAULT_STALL_SECONDS,
+           start_seconds: float = AUTO_START_SECONDS) -> Health:
     """beats: this run's (written since `launched`); quiet_seconds: no progress and no metric
     line for this long is "no progress" (status --stall-minutes); waiting_ranks: ranks a
     collective library reported missing (Horovod's stall warning)."""
@@ -69,7 +72,7 @@ def assess(beats: dict[int, Beat], last_metric_time: float | None, now: float, r
     idle = now - max(times) if times else None
     if not running:
         return Health(True, "not running", [], idle)
-    held = stalled_now(beats, world_size, launched, now, stall_seconds)
+    held = stalled_now(beats, world_size, launched, now, stall_seconds, start_seconds)
     named = {r.rank for r in held}
     waiting = sorted(set(waiting_ranks or []) - named)
     parts = [describe(r) for r in held]

@@ -41,7 +41,7 @@ from hpc_train.rundir import RunPaths
 from hpc_train.runtime import environment
 from hpc_train.runtime.netif import ipv4_addresses
 from hpc_train.runtime.node_log import RANK_LOGS_ENV, rank_logs_mode
-from hpc_train.runtime.stop import DEADLINE_ENV, NODES_ENV, STALL_ENV, STOP_EXIT
+from hpc_train.runtime.stop import DEADLINE_ENV, NODES_ENV, STALL_ENV, START_ENV, STOP_EXIT
 from hpc_train.spec import JobSpec, load_spec
 from hpc_train.spec.global_batch import fit_to_nodes
 
@@ -159,6 +159,7 @@ def launch_plan(spec: JobSpec, paths: RunPaths, allocation: Allocation, environ,
                                       ipv4_addresses() if launch.network_interface else []),
         "MASTER_PORT": str(rendezvous_port(environ.get("SLURM_JOB_ID"))),
         STALL_ENV: str(launch.stall_seconds),
+        START_ENV: str(launch.start_seconds),
         RANK_LOGS_ENV: str(rank_logs_mode(spec.log.rank_logs, spec.world_size)),
         # One value per start of the ranks: a node's ranks recognise this start's local copy.
         LAUNCH_ID_ENV: f"{environ.get('SLURM_JOB_ID', 'local')}-"
@@ -259,7 +260,7 @@ def run_ranks(paths: RunPaths, spec: JobSpec, environ, forwarder: StopForwarder,
     _record_environment(paths, environ, plan, package=Path(hpc_train.__file__).parent)
     events.try_record(paths, events.started(list(allocation.host_names), allocation.world_size,
                                             launch.deadline, argv, spec.launch.stall_seconds,
-                                            launch.index))
+                                            launch.index, spec.launch.start_seconds))
     log.info("starting %d ranks: %s", allocation.world_size, " ".join(argv))
     process = subprocess.Popen(argv, env=launcher_env(plan, environ), stderr=subprocess.PIPE,
                                text=True, errors="replace")
@@ -267,7 +268,7 @@ def run_ranks(paths: RunPaths, spec: JobSpec, environ, forwarder: StopForwarder,
     forwarder.follow(process)
     watch = Watch(paths, allocation.world_size, spec.launch.stall_seconds,
                   stop_grace(spec.slurm.signal_seconds), time.time(), plan.method,
-                  spec.launch.straggler_warn, launch.end)
+                  spec.launch.straggler_warn, launch.end, spec.launch.start_seconds)
     returncode, stall = supervise(process, forwarder, watch)
     if forwarder.reason:
         events.try_record(paths, events.stop_requested(forwarder.reason, forwarder.source))

@@ -20,7 +20,7 @@ from hpc_train.job import watchdog
 from hpc_train.job.requeue import PREEMPTED
 from hpc_train.job.straggler import StragglerWarnings
 from hpc_train.rundir import RunPaths
-from hpc_train.runtime.heartbeat import Beat, beat_interval, stall_bound
+from hpc_train.runtime.heartbeat import AUTO_START_SECONDS, Beat, beat_interval, stall_bound, starting
 
 log = logging.getLogger("hpc_train.driver")
 
@@ -110,6 +110,7 @@ class Watch:
     method: str = "mpirun"   # the launcher: how the ranks are torn down
     straggler_warn: float | None = None   # launch.straggler_warn
     end: float | None = None  # the job's planned end (None outside Slurm)
+    start_seconds: float = AUTO_START_SECONDS   # launch.start_seconds
     warnings: StragglerWarnings = field(init=False)
     _beats: dict[int, Beat] = field(init=False, default_factory=dict)
     _read_at: float | None = field(init=False, default=None)
@@ -146,8 +147,10 @@ class Watch:
                                               self.launched)
             if found:
                 return found
-        bound = stall_bound(self.stall_seconds, beats.values())
-        return watchdog.find_stall(beats, self.world_size, self.launched, now, bound, self.interval)
+        bound = stall_bound(self.stall_seconds, beats.values(), self.start_seconds, self.world_size)
+        setting = ("launch.start_seconds" if starting(beats.values(), self.world_size)
+                   and bound == self.start_seconds else "launch.stall_seconds")
+        return watchdog.find_stall(beats, self.world_size, self.launched, now, bound, self.interval, setting)
 
     def warn_straggler(self, beats: dict[int, Beat], now: float) -> None:
         """Record a `straggler` event when one is due (bounded per rank)."""

@@ -60,14 +60,14 @@ class Stall:
 
 
 def find_stall(beats: dict[int, Beat], world_size: int, launched: float, now: float,
-               stall_seconds: float, interval: float) -> Stall | None:
+               stall_seconds: float, interval: float, setting: str = "launch.stall_seconds") -> Stall | None:
     """None while some rank progressed within `stall_seconds` of `now` (a rank that has not
-    beaten yet counts from the launch)."""
+    beaten yet counts from the launch); `setting`: the spec key the bound came from."""
     progress = [beats[r].progress if r in beats else launched for r in range(world_size)]
     idle = now - max(max(progress), launched)
     if idle < stall_seconds:
         return None
-    why = f"no rank progressed for {idle:.0f} s (launch.stall_seconds={stall_seconds:g})"
+    why = f"no rank progressed for {idle:.0f} s ({setting}={stall_seconds:g})"
     standing = Standing.EXITING if exiting(beats, world_size) else Standing.TRAINING
     if standing is Standing.EXITING:
         why += " (they had saved their stop and were exiting)"

@@ -24,12 +24,12 @@ from hpc_train.launch.identity import rank_from_env
 from hpc_train.launch.network import NETWORK_ENV, rank_interface_env
 from hpc_train.rundir import RunPaths
 from hpc_train.runtime.gpu_sampler import start_sampler
-from hpc_train.runtime.heartbeat import AUTO, Heartbeat, Phase
+from hpc_train.runtime.heartbeat import AUTO, AUTO_START_SECONDS, Heartbeat, Phase
 from hpc_train.runtime.node_beats import NodeWriter
 from hpc_train.runtime.node_local import NodeLocal, node_local_dir, sweep_stale
 from hpc_train.runtime.node_log import RANK_LOGS_ENV, RankLogs
 from hpc_train.runtime.netif import ipv4_addresses
-from hpc_train.runtime.stop import NODES_ENV, STALL_ENV, STOP_EXIT, StopFlag
+from hpc_train.runtime.stop import NODES_ENV, STALL_ENV, START_ENV, STOP_EXIT, StopFlag
 from hpc_train.spec.global_batch import fit_to_nodes
 from hpc_train.spec.schema import DEFAULT_STALL_SECONDS, JobSpec
 
@@ -116,7 +116,8 @@ def start_heartbeat(paths: RunPaths, rank: int) -> Heartbeat:
     place = NodePlace.here(paths, os.environ)
     setting = os.environ.get(STALL_ENV) or DEFAULT_STALL_SECONDS
     heartbeat = Heartbeat(place.local.beat(rank), rank, AUTO if setting == AUTO else float(setting),
-                          host=place.host)
+                          host=place.host,
+                          start_seconds=float(os.environ.get(START_ENV) or AUTO_START_SECONDS))
     node = NodeWriter(place.local, rank, place.host, paths.node_heartbeat(place.host),
                       heartbeat.interval, paths.node_log(place.host) if place.per_node_logs else None)
     heartbeat.after_beat, heartbeat.after_close = node.tick, node.close

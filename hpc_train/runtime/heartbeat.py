@@ -112,17 +112,27 @@ def derived_stall_seconds(phases: Iterable[str], longest_step: float | None,
     return max(AUTO_FLOOR_SECONDS, AUTO_MARGIN * longest)
 
 
-def stall_bound(setting: float | str, beats: Iterable[Beat]) -> float:
-    """launch.stall_seconds in seconds now: a number as given; `auto` from the beats (a rank
-    without a beat, or without times, counts as not past its first step)."""
-    if setting != AUTO:
-        return float(setting)
+def starting(beats: Iterable[Beat], world_size: int = 0) -> bool:
+    """Has a rank not begun its first step in this start (one of `world_size` without a beat
+    has not)? Then launch.start_seconds bounds the silence, where longer."""
     beats = list(beats)
-    steps = [b.times.longest_step if b.times else None for b in beats]
-    if not beats or None in steps:
-        return AUTO_START_SECONDS
-    saves = [b.times.longest_save for b in beats if b.times.longest_save is not None]
-    return derived_stall_seconds((b.phase for b in beats), max(steps), max(saves, default=None))
+    return not beats or len(beats) < world_size or any(b.first_step_time is None for b in beats)
+
+
+def stall_bound(setting: float | str, beats: Iterable[Beat],
+                start_seconds: float = AUTO_START_SECONDS, world_size: int = 0) -> float:
+    """The watchdog's bound in seconds now: launch.stall_seconds (a number as given; `auto`
+    from the beats), or launch.start_seconds where that is longer while a rank has not begun
+    its first step of this start (one of `world_size` without a beat has not begun)."""
+    beats = list(beats)
+    if setting != AUTO:
+        bound = float(setting)
+    else:
+        steps = [b.times.longest_step if b.times else None for b in beats]
+        saves = [b.times.longest_save for b in beats if b.times and b.times.longest_save is not None]
+        bound = (AUTO_START_SECONDS if not beats or None in steps else
+                 derived_stall_seconds((b.phase for b in beats), max(steps), max(saves, default=None)))
+    return max(bound, start_seconds) if starting(beats, world_size) else bound
 
 
 class Heartbeat:
@@ -131,8 +141,10 @@ class Heartbeat:
     tick and close, runtime/node_beats.py)."""
 
     def __init__(self, path: Path, rank: int, stall_seconds: float | str, clock=time.time,
-                 host: str | None = None, after_beat: Callable[[], object] | None = None):
+                 host: str | None = None, after_beat: Callable[[], object] | None = None,
+                 start_seconds: float = AUTO_START_SECONDS):
         self.path, self.rank, self.stall_seconds, self.clock = Path(path), rank, stall_seconds, clock
+        self.start_seconds = start_seconds
         self.host = host or socket.gethostname()
         self.after_beat = after_beat
         self.after_close: Callable[[], object] | None = None
@@ -212,10 +224,13 @@ class Heartbeat:
             self._dump_if_stuck()
 
     def _bound(self) -> float:
-        """The stall bound as this rank alone can tell it (with `auto`, from its own silences)."""
+        """The stall bound as this rank alone can tell it (with `auto`, from its own silences;
+        before its first step, launch.start_seconds where that is longer)."""
         if self.stall_seconds != AUTO:
-            return float(self.stall_seconds)
-        return derived_stall_seconds([self.phase], self.longest.get("step"), self.longest.get("save"))
+            bound = float(self.stall_seconds)
+        else:
+            bound = derived_stall_seconds([self.phase], self.longest.get("step"), self.longest.get("save"))
+        return max(bound, self.start_seconds) if self.first_step_time is None else bound
 
     def _dump_if_stuck(self) -> None:
         idle = self.clock() - self.progress_time

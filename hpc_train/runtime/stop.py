@@ -16,6 +16,7 @@ STOP_EXIT = 75  # EX_TEMPFAIL: "stopped on purpose, saved, resume me"
 AGREE_EVERY = 5
 DEADLINE_ENV = "HPC_TRAIN_DEADLINE"   # UNIX time by which the ranks must have saved
 STALL_ENV = "HPC_TRAIN_STALL_SECONDS"  # launch.stall_seconds, for the ranks' heartbeat
+START_ENV = "HPC_TRAIN_START_SECONDS"  # launch.start_seconds, likewise
 NODES_ENV = "HPC_TRAIN_NODES"   # the nodes of this start, within slurm.nodes' range (job/worker.py)
 
 # Larger code wins when ranks saw different reasons; 0 = keep going.

@@ -149,6 +149,11 @@ class LaunchSpec:
         "checkpoint.retries_on_failure; else the job fails): longer than start-up, one step, "
         "one evaluation batch and one checkpoint save; auto: 5x the longest step or save seen so far, at least 60 s "
         "(10 minutes before the first step, and in a first save)", ge=5)
+    start_seconds: float = spec_field(
+        AUTO_START_SECONDS, doc="until every rank has begun its first step in a start (imports, "
+        "the network, copying shards, building the model, resuming), the watchdog waits this "
+        "long or launch.stall_seconds, the longer: start-up varies with the file system and the "
+        "node's load far more than a step does (ft_launcher's initial heartbeat timeout)", ge=5)
     straggler_warn: Optional[float] = spec_field(
         1.5, doc="the driver records a `straggler` warning when the slowest rank's own time per "
         "step (the step less its wait for the others' gradients) reaches this many times the "

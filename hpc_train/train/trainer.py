@@ -14,6 +14,7 @@ seq_len, since seq_len is fixed for the run; the position must index the order e
 from __future__ import annotations
 
 import hashlib
+import importlib
 import logging
 import sys
 import time
@@ -38,15 +39,12 @@ from hpc_train.train.ledger import SampleLedger
 from hpc_train.train.state import (CheckpointedState, ModelBuffers, ModelWeights, Progress,
                                    RngStreams, unwrap)
 from hpc_train.train.checkpointing import Checkpointing
-from hpc_train.train.fsdp_parts import FsdpParts
-from hpc_train.train.deepspeed_parts import DeepSpeedParts
 from hpc_train.train.data import (DeviceInputs, build_loaders, dump_worker_stacks, normalizes_on_device,
                                   shutdown_workers, start_worker_server, worker_pids)
 from hpc_train.train.evaluation import evaluate_classifier
 from hpc_train.train.meters import Window
 from hpc_train.train.optim import build_optimizer
 from hpc_train.train.parts import PartsFactory
-from hpc_train.train.pipeline_trainer import PipelineParts
 from hpc_train.train.precision import Precision
 from hpc_train.train.schedule import LrSchedule
 from hpc_train.train.step import optimizer_step
@@ -124,15 +122,19 @@ class DataParallelParts:
         return totals[:3].clone()
 
 
-PARTS: dict[Parallelism, PartsFactory] = {Parallelism.DATA_PARALLEL: DataParallelParts,
-                                          Parallelism.PIPELINE: PipelineParts,
-                                          Parallelism.FSDP: FsdpParts,
-                                          Parallelism.DEEPSPEED: DeepSpeedParts}
+# Each kind of job's parts, imported when a job of that kind starts: pipelining pulls in
+# torch.distributed.pipelining and torch._dynamo (a second of CPU per rank start, on every
+# horovod and ddp rank if imported here), FSDP DTensor, DeepSpeed deepspeed.
+PARTS: dict[Parallelism, str] = {Parallelism.DATA_PARALLEL: "hpc_train.train.trainer:DataParallelParts",
+                                 Parallelism.PIPELINE: "hpc_train.train.pipeline_trainer:PipelineParts",
+                                 Parallelism.FSDP: "hpc_train.train.fsdp_parts:FsdpParts",
+                                 Parallelism.DEEPSPEED: "hpc_train.train.deepspeed_parts:DeepSpeedParts"}
 
 
 def parts_for(layout: ParallelLayout) -> PartsFactory:
     """The parts a layout's ranks are given: the only place a kind of job is chosen."""
-    return PARTS[layout.parallelism]
+    module, name = PARTS[layout.parallelism].split(":")
+    return getattr(importlib.import_module(module), name)
 
 
 def throughput(spec, steps: int, elapsed: float) -> dict[str, float]:

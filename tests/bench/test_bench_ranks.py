@@ -25,11 +25,13 @@ def test_a_failed_rank_fails_the_benchmark(mpirun_argv):
 
 
 def test_the_watchdog_ends_ranks_that_stop_progressing(mpirun_argv, tmp_path):
-    """The ranks hang for 120 s, then would return their results: the watchdog's stall and no
-    result say they were ended while hanging, not waited for; and none is left running."""
-    stalled = r"no rank progressed for \d+ s \(launch.stall_seconds=5\), 0/2 results"
+    """The ranks hang for 120 s before any step, then would return their results: the
+    watchdog's stall (start-up's bound: they never stepped) and no result say they were ended
+    while hanging, not waited for; and none is left running."""
+    stalled = r"no rank progressed for \d+ s \(launch.start_seconds=6\), 0/2 results"
     with pytest.raises(LaunchError, match=stalled):
-        run_here("bench-test", STUB, {"do": "hang", "pids": str(tmp_path)}, 2, {"launch": {"stall_seconds": 5}})
+        run_here("bench-test", STUB, {"do": "hang", "pids": str(tmp_path)}, 2,
+                 {"launch": {"stall_seconds": 5, "start_seconds": 6}})
     pids = [int(path.read_text()) for path in tmp_path.glob("rank-*.pid")]
     assert len(pids) == 2 and not [pid for pid in pids if _running(pid)], pids
 

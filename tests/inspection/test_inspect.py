@@ -89,7 +89,7 @@ def test_run_index_by_start_times():
 
 def beat(rank: int, step: int, progress: float, alive: float, host: str = "vm") -> Beat:
     """A heartbeat as runtime/heartbeat.py writes it: progress = last move, alive = this write."""
-    return Beat(rank, step, "train", progress, alive, 4240 + rank, host)
+    return Beat(rank, step, "train", progress, alive, 4240 + rank, host, first_step_time=LAUNCHED + 30)
 
 
 NOW, LAUNCHED = 10_000.0, 9_000.0      # the run started 1000 s ago; launch.stall_seconds 300
@@ -138,12 +138,15 @@ def test_health_quiet_waiting_missing_and_not_running():
     fresh = {0: beat(0, 4, NOW - 5, NOW - 1), 1: beat(1, 4, NOW - 5, NOW - 1)}
     waiting = assess(fresh, NOW - 5, NOW, True, 600, [1], world_size=2, launched=LAUNCHED)
     assert waiting.stalled_ranks == [1] and "1 (Horovod lists it missing" in waiting.message
-    # rank 2 never beat in this run: named once the run went half the stall bound without progress,
-    # its idle time counted from the launch
+    # rank 2 never beat in this run: named once the run went half the start-up bound
+    # (launch.start_seconds, 600 s: rank 2 has not begun its first step) without progress, its
+    # idle time counted from the launch
     two = {r: beat(r, 4, NOW - 5, NOW + 199) for r in range(2)}
-    missing = assess(two, NOW - 5, NOW + 200, True, 600, world_size=3, launched=LAUNCHED)
+    assert assess(two, NOW - 5, NOW + 200, True, 600, world_size=3, launched=LAUNCHED).ok
+    two = {r: beat(r, 4, NOW - 5, NOW + 299) for r in range(2)}
+    missing = assess(two, NOW - 5, NOW + 300, True, 600, world_size=3, launched=LAUNCHED)
     assert missing.stalled_ranks == [2]
-    assert missing.stalled[0]["idle_seconds"] == 1200.0 and missing.stalled[0]["host"] is None
+    assert missing.stalled[0]["idle_seconds"] == 1300.0 and missing.stalled[0]["host"] is None
     assert assess({0: beat(0, 1, 0, 0)}, None, NOW, False, 600).message == "not running"
 
 
@@ -208,7 +211,7 @@ def test_status_names_the_slowest_rank_and_its_node_and_an_auto_stall_bound(tmp_
 
     def beats(idle, longest=0.3):
         return {r: Beat(r, 9, "train", NOW - idle, NOW - 1, 10 + r, host,
-                        RankTimes(0.3, data, busy, 32, longest_step=longest))
+                        RankTimes(0.3, data, busy, 32, longest_step=longest), LAUNCHED + 30)
                 for r, host, data, busy in ((0, "vm", 0.01, 0.1), (1, "n07", 0.2, 0.3))}
 
     status = summarize(RunFiles(paths, history, [], beats(20), None, spec={}), NOW)

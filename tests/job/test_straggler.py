@@ -17,7 +17,7 @@ from hpc_train.train.timing import StepTimes, blocked_seconds
 
 def beat(rank, busy, data=0.01, step=0.3, phase="train", **longest):
     return Beat(rank, 10, phase, 1.0, 1.0, 100 + rank, f"node{rank}",
-                RankTimes(step, data, busy, 32, **longest))
+                RankTimes(step, data, busy, 32, **longest), first_step_time=0.5)
 
 
 def test_the_rank_with_most_own_time_is_named_with_its_node_and_the_others_wait():
@@ -86,11 +86,21 @@ def test_auto_stall_bound_table(phases, step, save, bound):
 
 
 def test_stall_bound_from_beats():
-    assert stall_bound(120.0, []) == 120.0
     timed = {0: beat(0, 0.1, longest_step=20.0), 1: beat(1, 0.1, longest_step=30.0, longest_save=9.0)}
+    assert stall_bound(120.0, timed.values()) == 120.0
     assert stall_bound(AUTO, timed.values()) == 150.0
     assert stall_bound(AUTO, [*timed.values(), Beat(2, 1, "train", 1.0, 1.0)]) == AUTO_START_SECONDS
     assert stall_bound(AUTO, []) == AUTO_START_SECONDS
+
+
+def test_until_every_rank_began_training_the_start_up_bound_holds_where_longer():
+    trained = list({0: beat(0, 0.1), 1: beat(1, 0.1)}.values())
+    starting = Beat(2, 0, "starting", 1.0, 1.0)       # no first step yet in this start
+    assert stall_bound(40.0, trained) == 40.0
+    assert stall_bound(40.0, [*trained, starting]) == AUTO_START_SECONDS
+    assert stall_bound(40.0, [], start_seconds=900.0) == 900.0        # none has even beaten
+    assert stall_bound(40.0, [starting], start_seconds=20.0) == 40.0  # never under stall_seconds
+    assert stall_bound(AUTO, [starting], start_seconds=1200.0) == 1200.0
 
 
 def test_blocked_time_by_backend():

@@ -187,6 +187,7 @@ def test_heartbeat_dump_contains_the_main_threads_stack(tmp_path):
             "beats, dumped = [], []\n"
             "h = Heartbeat(Path(r'%s'), 0, stall_seconds=4, after_beat=lambda: beats.append(1))\n"
             "h.after_dump = lambda: dumped.append(len(beats))\n"
+            "h.progress(step=1)\n"     # training: stall_seconds holds, not the start-up bound
             "h.start()\n"
             "def stuck_in_a_collective():\n"
             "    while not dumped or len(beats) < dumped[0] + 2:\n"
@@ -241,6 +242,38 @@ def test_the_driver_ends_ranks_deaf_to_a_stop_and_says_where_they_stood(tmp_path
         now[0] += INTERVAL
         step += 1
     assert stall.standing is standing and now[0] >= stop_at + 15.0
+
+
+def test_the_driver_gives_start_up_its_own_bound_then_the_stall_bound(tmp_path):
+    """Real heartbeats, a fake clock: ranks importing for minutes on a loaded node are starting,
+    not stalled, until launch.start_seconds; once both trained, launch.stall_seconds holds."""
+    from types import SimpleNamespace
+
+    from hpc_train.job.supervise import Watch
+    from hpc_train.rundir import RunPaths
+
+    paths = RunPaths(tmp_path)
+    now = [LAUNCH]
+    hearts = [Heartbeat(paths.heartbeat / f"rank-{r:05d}", r, STALL, clock=lambda: now[0],
+                        start_seconds=300.0) for r in range(2)]
+    watch = Watch(paths, 2, STALL, grace=15.0, launched=LAUNCH, start_seconds=300.0)
+    idle = SimpleNamespace(at=None)
+
+    def first_stall() -> float:
+        while watch.stall(idle, now[0]) is None:
+            now[0] += INTERVAL
+            for heart in hearts:
+                heart.write()      # alive, never progressing
+        return now[0]
+
+    assert first_stall() >= LAUNCH + 300.0        # 60 s alone would have ended it
+    assert not any(heart._bound() == STALL for heart in hearts)   # their own stack dumps agree
+    watch = Watch(paths, 2, STALL, grace=15.0, launched=now[0], start_seconds=300.0)
+    began = now[0]
+    for heart in hearts:
+        heart.progress(step=1, phase=Phase.DATA)
+    assert began + STALL <= first_stall() < began + 300.0
+    assert all(heart._bound() == STALL for heart in hearts)
 
 
 def test_the_driver_judges_an_unobeyed_stop_on_the_newest_beats(tmp_path):

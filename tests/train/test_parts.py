@@ -3,7 +3,10 @@ layout, and `Checkpointing` working from its collaborators alone (one process, n
 
 from __future__ import annotations
 
+import importlib
 import inspect
+import subprocess
+import sys
 from types import SimpleNamespace
 
 import pytest
@@ -50,6 +53,16 @@ def test_the_spec_puts_its_parallelism_in_the_layout(model, data, stages, parall
 def test_the_layout_alone_picks_the_parts(layout, parts):
     assert parts_for(layout) is parts
     assert set(PARTS) == set(Parallelism)        # every parallelism has its parts
+
+
+def test_a_data_parallel_rank_does_not_import_the_other_kinds_parts():
+    """Each rank start pays for what its kind of job uses: the pipeline's imports (pipelining,
+    dynamo) cost a second of CPU, and CI starts a few hundred ranks."""
+    probe = ("import sys, hpc_train.train.trainer; "
+             "print(sorted(m for m in ('torch.distributed.pipelining', 'deepspeed', 'torch._dynamo') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
 
 
 class Asked(Exception):
@@ -112,8 +125,10 @@ def test_a_class_with_the_members_is_accepted_and_one_without_is_not():
                           TrainingParts)
 
 
-@pytest.mark.parametrize("parts", list(PARTS.values()), ids=lambda c: c.__name__)
-def test_the_parts_of_each_parallelism_have_the_protocols_methods(parts):
+@pytest.mark.parametrize("parallelism", list(Parallelism), ids=lambda p: p.name)
+def test_the_parts_of_each_parallelism_have_the_protocols_methods(parallelism):
+    module, name = PARTS[parallelism].split(":")
+    parts = getattr(importlib.import_module(module), name)
     methods = [name for name, value in vars(TrainingParts).items()
                if inspect.isfunction(value) and not name.startswith("_")]
     assert sorted(methods) == ["evaluate", "states", "train_step"]
