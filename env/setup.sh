@@ -155,15 +155,19 @@ else
 fi
 # DeepSpeed builds its CPU shared-memory collectives op just in time at every rank's first start
 # (75-100 s on 2 cores, long enough to look stalled); built here once, a re-run finds it cached.
-# The op lands in torch's extension cache (TORCH_EXTENSIONS_DIR, by default under ~/.cache); a
-# stamp in the venv names the versions it was built for, so a re-run need not import DeepSpeed.
+# The op lands where the ranks look for it: the venv's own extension folder (the default that
+# hpc_train/parallel/deepspeed_engine.py sets: one per Python environment), or the user's
+# TORCH_EXTENSIONS_DIR. (Built into torch's per-user default instead, every rank's first start
+# rebuilt it: 500 s of CI's ZeRO-3 test.) A stamp in the venv names the versions it was built
+# for, so a re-run need not import DeepSpeed.
+ds_dir=${TORCH_EXTENSIONS_DIR:-$venv/torch-extensions}
 ds_stamp="$venv/.deepspeed-op-stamp"
-ds_want="deepspeed ${have[deepspeed]} torch ${have[torch]}"
-ds_op() { compgen -G "${TORCH_EXTENSIONS_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/torch_extensions}/*/deepspeed_shm_comm/*.so" >/dev/null; }
+ds_want="deepspeed ${have[deepspeed]} torch ${have[torch]} in $ds_dir"
+ds_op() { compgen -G "$ds_dir/deepspeed_shm_comm/*.so" >/dev/null; }
 if [ "$deepspeed" -eq 1 ] && [ "$extras" = "${extras/gpu/}" ]; then
     if [ -f "$ds_stamp" ] && [ "$(cat "$ds_stamp")" = "$ds_want" ] && ds_op; then
         say "deepspeed: ${have[deepspeed]} already installed, its CPU op already built"
-    elif DS_ACCELERATOR=cpu "$py" -c 'from deepspeed.accelerator import get_accelerator
+    elif TORCH_EXTENSIONS_DIR=$ds_dir DS_ACCELERATOR=cpu "$py" -c 'from deepspeed.accelerator import get_accelerator
 get_accelerator().create_op_builder("ShareMemCommBuilder").load(verbose=False)' >/dev/null 2>&1; then
         echo "$ds_want" > "$ds_stamp"
         say "deepspeed: ${have[deepspeed]} installed, its CPU op built"
