@@ -151,7 +151,7 @@ def live_stall(beats: dict[int, heartbeat.Beat], history: list[dict], now: float
     setting = events.stall_seconds(history, DEFAULT_STALL_SECONDS)
     start = events.start_seconds(history, heartbeat.AUTO_START_SECONDS)
     held = health.stalled_now(beats, events.world_size(history), launched, now, setting, start)
-    stall_seconds = heartbeat.stall_bound(setting, beats.values(), start, events.world_size(history) or 0)
+    stall_seconds = heartbeat.stall_bound(setting, beats.values(), start, events.world_size(history) or 0, now)
     if not held:
         return None
     newest = max([b.progress for b in beats.values()] + [launched])

@@ -42,7 +42,7 @@ def stalled_now(beats: dict[int, Beat], world_size: int | None, launched: float,
     start_seconds: the bound before the first step, where longer."""
     interval = beat_interval(stall_seconds)
     world = world_size or (max(beats) + 1 if beats else 0)
-    stall_seconds = stall_bound(stall_seconds, beats.values(), start_seconds, world)
+    stall_seconds = stall_bound(stall_seconds, beats.values(), start_seconds, world, now)
     if not world:
         return ()
     frozen = any(now - b.time >= silent_after(interval) for b in beats.values())

@@ -147,9 +147,9 @@ class Watch:
                                               self.launched)
             if found:
                 return found
-        bound = stall_bound(self.stall_seconds, beats.values(), self.start_seconds, self.world_size)
-        setting = ("launch.start_seconds" if starting(beats.values(), self.world_size)
-                   and bound == self.start_seconds else "launch.stall_seconds")
+        bound = stall_bound(self.stall_seconds, beats.values(), self.start_seconds, self.world_size, now)
+        setting = ("launch.start_seconds" if bound == self.start_seconds != self.stall_seconds
+                   and starting(beats.values(), self.world_size, now, self.interval) else "launch.stall_seconds")
         return watchdog.find_stall(beats, self.world_size, self.launched, now, bound, self.interval, setting)
 
     def warn_straggler(self, beats: dict[int, Beat], now: float) -> None:

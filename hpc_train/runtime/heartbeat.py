@@ -112,18 +112,23 @@ def derived_stall_seconds(phases: Iterable[str], longest_step: float | None,
     return max(AUTO_FLOOR_SECONDS, AUTO_MARGIN * longest)
 
 
-def starting(beats: Iterable[Beat], world_size: int = 0) -> bool:
-    """Has a rank not begun its first step in this start (one of `world_size` without a beat
-    has not)? Then launch.start_seconds bounds the silence, where longer."""
+def starting(beats: Iterable[Beat], world_size: int = 0, now: float | None = None,
+             interval: float = 5.0) -> bool:
+    """Are the ranks still starting: has one not begun its first step in this start (one of
+    `world_size` without a beat has not), while every beat is still being rewritten (at `now`;
+    a rank gone silent is frozen or its node dead, not slow to start)? Then
+    launch.start_seconds bounds the silence, where longer."""
     beats = list(beats)
+    if now is not None and any(now - b.time >= silent_after(interval) for b in beats):
+        return False
     return not beats or len(beats) < world_size or any(b.first_step_time is None for b in beats)
 
 
-def stall_bound(setting: float | str, beats: Iterable[Beat],
-                start_seconds: float = AUTO_START_SECONDS, world_size: int = 0) -> float:
+def stall_bound(setting: float | str, beats: Iterable[Beat], start_seconds: float = AUTO_START_SECONDS,
+                world_size: int = 0, now: float | None = None) -> float:
     """The watchdog's bound in seconds now: launch.stall_seconds (a number as given; `auto`
-    from the beats), or launch.start_seconds where that is longer while a rank has not begun
-    its first step of this start (one of `world_size` without a beat has not begun)."""
+    from the beats), or launch.start_seconds where that is longer while the ranks are
+    `starting` (judged at `now` where given)."""
     beats = list(beats)
     if setting != AUTO:
         bound = float(setting)
@@ -132,7 +137,8 @@ def stall_bound(setting: float | str, beats: Iterable[Beat],
         saves = [b.times.longest_save for b in beats if b.times and b.times.longest_save is not None]
         bound = (AUTO_START_SECONDS if not beats or None in steps else
                  derived_stall_seconds((b.phase for b in beats), max(steps), max(saves, default=None)))
-    return max(bound, start_seconds) if starting(beats, world_size) else bound
+    return (max(bound, start_seconds) if starting(beats, world_size, now, beat_interval(setting))
+            else bound)
 
 
 class Heartbeat:

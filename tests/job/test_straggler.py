@@ -101,6 +101,9 @@ def test_until_every_rank_began_training_the_start_up_bound_holds_where_longer()
     assert stall_bound(40.0, [], start_seconds=900.0) == 900.0        # none has even beaten
     assert stall_bound(40.0, [starting], start_seconds=20.0) == 40.0  # never under stall_seconds
     assert stall_bound(AUTO, [starting], start_seconds=1200.0) == 1200.0
+    # A starting rank whose beat went silent (SIGSTOP, a dead node) is frozen, not slow to start.
+    assert stall_bound(40.0, [*trained, starting], now=1.0 + 12.0) == 40.0   # 3 beats of 4 s
+    assert stall_bound(40.0, [*trained, starting], now=1.0 + 11.0) == AUTO_START_SECONDS
 
 
 def test_blocked_time_by_backend():

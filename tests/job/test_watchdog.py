@@ -276,6 +276,28 @@ def test_the_driver_gives_start_up_its_own_bound_then_the_stall_bound(tmp_path):
     assert all(heart._bound() == STALL for heart in hearts)
 
 
+def test_a_rank_frozen_before_its_first_step_is_a_stall_not_a_slow_start(tmp_path):
+    """Rank 1 stops beating (SIGSTOP, its node dead) while rank 0 starts: launch.stall_seconds
+    holds, not launch.start_seconds."""
+    from types import SimpleNamespace
+
+    from hpc_train.job.supervise import Watch
+    from hpc_train.rundir import RunPaths
+
+    paths = RunPaths(tmp_path)
+    now = [LAUNCH]
+    hearts = [Heartbeat(paths.heartbeat / f"rank-{r:05d}", r, STALL, clock=lambda: now[0],
+                        start_seconds=300.0) for r in range(2)]
+    for heart in hearts:
+        heart.write()
+    watch = Watch(paths, 2, STALL, grace=15.0, launched=LAUNCH, start_seconds=300.0)
+    while (stall := watch.stall(SimpleNamespace(at=None), now[0])) is None:
+        now[0] += INTERVAL
+        hearts[0].write()                                  # rank 1 writes no more
+    assert now[0] < LAUNCH + 300.0 and "launch.stall_seconds=60" in stall.why
+    assert [r.rank for r in stall.ranks] == [1] and "not running" in stall.ranks[0].why
+
+
 def test_the_driver_judges_an_unobeyed_stop_on_the_newest_beats(tmp_path):
     """The beats are read once per interval; the judgement reads them again: ranks that wrote
     `stopping` since the last read are exiting, not deaf."""

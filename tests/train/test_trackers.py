@@ -46,9 +46,12 @@ def test_log_tensorboard_is_the_default_of_log_trackers():
         == (Tracker.MLFLOW, Tracker.WANDB)
 
 
+# Heavy: CI covers the path on the real Slurm, a requeue and a kill beside (tests/e2e/
+# test_lifecycle_e2e.py: test_a_tracked_run_requeued_then_killed_and_resumed_logs_each_step_once).
 @pytest.mark.mpi
 @pytest.mark.horovod
 @pytest.mark.slow
+@pytest.mark.heavy
 def test_a_restarted_run_continues_its_tracker_runs_with_each_step_once(tmp_path):
     require("wandb")
     require("mlflow")
