@@ -15,7 +15,10 @@ from hpc_train.runtime.heartbeat import read_beats
 from tests.conftest import REPO
 
 
-def cli(*args: str, env=None, timeout: float = 120, cwd=REPO) -> subprocess.CompletedProcess:
+def cli(*args: str, env=None, timeout: float = 600, cwd=REPO) -> subprocess.CompletedProcess:
+    """`python -m hpc_train ARGS`. The timeout only catches a hang: in CI's three lanes on two
+    cores, a submit of a DeepSpeed spec (its config checked against DeepSpeed's own keys, an
+    import of 3 s of CPU) beside four other submits took over 120 s (CI12)."""
     return subprocess.run([sys.executable, "-m", "hpc_train", *args], capture_output=True, text=True,
                           timeout=timeout, cwd=cwd, env=env)
 
