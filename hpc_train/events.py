@@ -347,8 +347,7 @@ def world_size(events: list[dict]) -> int | None:
 def stall_seconds(events: list[dict], default: float) -> float | str:
     """launch.stall_seconds of the latest run, as its `started` event says: seconds, or "auto"
     (`default` before the driver recorded it)."""
-    found = last(events, STARTED)        # the latest run's
-    value = found.get("stall_seconds") if found else None
+    value = _latest_started(events, "stall_seconds")
     if value == "auto":
         return value
     return float(value) if isinstance(value, (int, float)) and value > 0 else default
@@ -357,9 +356,14 @@ def stall_seconds(events: list[dict], default: float) -> float | str:
 def start_seconds(events: list[dict], default: float) -> float:
     """launch.start_seconds of the latest run, as its `started` event says (`default` for runs
     whose driver did not record it)."""
-    found = last(events, STARTED)
-    value = found.get("start_seconds") if found else None
+    value = _latest_started(events, "start_seconds")
     return float(value) if isinstance(value, (int, float)) and value > 0 else default
+
+
+def _latest_started(events: list[dict], key: str):
+    """`key` of the latest run's `started` event (None without one or the key)."""
+    found = last(events, STARTED)
+    return found.get(key) if found else None
 
 
 def restarts(events: list[dict]) -> int:
