@@ -1,17 +1,21 @@
 """Where CI's time went: the phases .ci/run timed, then pytest's JUnit report by tier and module.
 
-    python .ci/times.py PHASES_FILE JUNIT_XML [JUNIT_XML ...] [--top N]
+    python .ci/times.py PHASES_FILE JUNIT_XML [JUNIT_XML ...] [--top N] [--cpu FILE] [--daemons FILE]
 
 PHASES_FILE has one "seconds<TAB>phase" line per phase; a name that starts with spaces is a part
 of the phase before it (a lane of tests run beside another) and is not added to the total. The tier of a test is the property
 tests/conftest.py records on it (fast, ranks, slurm, multinode). A test's time in the report is
 its setup, call and teardown together, so a module fixture that runs the module's jobs counts
-in the module's first test. Reads what it can: a missing or truncated file is said, not raised.
+in the module's first test. --cpu: "SECONDS <the cpu line of /proc/stat>" lines sampled while the
+tests ran, printed as the share of the cores busy, whole and per 5 minutes; --daemons: "NAME
+CPU_SECONDS" lines, summed by name. Reads what it can: a missing or truncated file is said, not
+raised.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import xml.etree.ElementTree as ET
 from collections import defaultdict
@@ -50,6 +54,60 @@ def read_cases(path: Path) -> list[dict]:
     return cases
 
 
+def read_cpu(path: Path) -> list[tuple[float, float, float]]:
+    """(seconds, busy jiffies, all jiffies) per sample of /proc/stat's cpu line, summed over cores."""
+    samples = []
+    try:
+        lines = path.read_text().splitlines()
+    except OSError as error:
+        print(f"(no CPU samples: {error})")
+        return samples
+    for line in lines:
+        words = line.split()
+        try:
+            ticks = [int(w) for w in words[2:]]
+            idle = ticks[3] + ticks[4]                 # idle and iowait
+            samples.append((float(words[0]), float(sum(ticks[:8]) - idle), float(sum(ticks[:8]))))
+        except (ValueError, IndexError):
+            print(f"(skipped a CPU sample: {line!r})")
+    return samples
+
+
+def cpu_report(samples: list[tuple[float, float, float]], cores: int, window: float = 300) -> str:
+    """The share of the cores busy between the first and last sample, then per `window` s."""
+    def share(a, b) -> str:
+        return f"{100 * (b[1] - a[1]) / max(b[2] - a[2], 1):.0f}%"
+    first, last = samples[0], samples[-1]
+    used = (last[1] - first[1]) / max(last[2] - first[2], 1) * (last[0] - first[0]) * cores
+    lines = [f"busy {share(first, last)} of {cores} cores over {minutes(last[0] - first[0])} "
+             f"({used:.0f} core-seconds used)"]
+    start = first
+    for sample in samples[1:]:
+        if sample[0] - start[0] >= window or sample is last:
+            lines.append(f"  minute {(start[0] - first[0]) / 60:5.1f}-{(sample[0] - first[0]) / 60:5.1f}: "
+                         f"{share(start, sample)}")
+            start = sample
+    return "\n".join(lines)
+
+
+def read_daemons(path: Path) -> dict[str, float]:
+    used: dict[str, float] = defaultdict(float)
+    try:
+        lines = path.read_text().splitlines()
+    except OSError as error:
+        print(f"(no daemon CPU: {error})")
+        return used
+    for line in lines:
+        name, _, seconds = line.rpartition(" ")
+        try:
+            cpu = float(seconds)
+        except ValueError:
+            print(f"(skipped a daemon line: {line!r})")
+            continue
+        used[name.strip("()")] += cpu
+    return used
+
+
 def module_of(classname: str) -> str:
     """tests.e2e.test_x.TestClass -> tests/e2e/test_x.py (a class name is dropped)."""
     parts = classname.split(".")
@@ -75,6 +133,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("phases", type=Path)
     parser.add_argument("junit", type=Path, nargs="+", help="pytest --junitxml reports (one per lane)")
     parser.add_argument("--top", type=int, default=25, help="modules listed (the slowest first)")
+    parser.add_argument("--cpu", type=Path, help="/proc/stat samples taken while the tests ran")
+    parser.add_argument("--daemons", type=Path, help="the clusters' daemons' CPU seconds")
     args = parser.parse_args(argv)
 
     phases = read_phases(args.phases)
@@ -83,6 +143,13 @@ def main(argv: list[str] | None = None) -> int:
         total = sum(s for name, s in phases if not name.startswith(" "))
         print(table([(name, f"{s:.0f}", minutes(s)) for name, s in phases] +
                     [("total", f"{total:.0f}", minutes(total))], ("phase", "seconds", "")))
+    if args.cpu and len(samples := read_cpu(args.cpu)) >= 2:
+        print("\n== the machine's CPU while the tests ran (/proc/stat)")
+        print(cpu_report(samples, os.cpu_count() or 1))
+    if args.daemons and (daemons := read_daemons(args.daemons)):
+        print("\n== the clusters' daemons' own CPU (not their jobs'), summed by name")
+        print(table([(n, f"{s:.0f}") for n, s in sorted(daemons.items(), key=lambda kv: -kv[1])],
+                    ("daemon", "seconds")))
     cases = [case for report in args.junit for case in read_cases(report)]
     if not cases:
         return 0

@@ -130,9 +130,12 @@ def stuck_reading_a_sample(entered):
 
 
 @pytest.mark.slow
-def test_a_stuck_worker_writes_its_stack_when_asked(tmp_path, capfd):
-    # fork: the worker writes to this process's stderr, which capfd reads.
-    entered = tmp_path / "entered"
+def test_a_stuck_worker_writes_its_stack_when_asked(tmp_path, monkeypatch):
+    # fork: the worker's sys.stderr, which init_worker hands faulthandler, is this process's,
+    # here a file in append mode. (Not capfd: its read truncates the capture file, and a dump
+    # written between that read and the truncation was lost, so the wait timed out.)
+    entered, stderr = tmp_path / "entered", tmp_path / "stderr"
+    monkeypatch.setattr(sys, "stderr", open(stderr, "a", buffering=1))
     loader = DataLoader(_StuckDataset(entered), batch_size=2, num_workers=1, worker_init_fn=init_worker,
                         multiprocessing_context="fork", persistent_workers=True)
     raised: list[str] = []
@@ -151,14 +154,12 @@ def test_a_stuck_worker_writes_its_stack_when_asked(tmp_path, capfd):
         pids = worker_pids(loader)
         assert len(pids) == 1
         dump_worker_stacks(pids)
-        written = []
 
-        def stacks_written() -> bool:
-            written.append(capfd.readouterr().err)
-            return "stuck_reading_a_sample" in "".join(written)
+        def stacks_written() -> str:
+            text = stderr.read_text()
+            return text if "stuck_reading_a_sample" in text and "__getitem__" in text else ""
 
         wait_for(stacks_written, 300, "the worker's stacks on stderr")   # catches a hang only
-        assert "__getitem__" in "".join(written)
         os.kill(pids[0], 0)              # it wrote its stacks and goes on
     finally:
         for pid in pids:

@@ -1,0 +1,31 @@
+""".ci/times.py reads the CPU samples .ci/run takes while the tests run, and the daemons' CPU."""
+
+from __future__ import annotations
+
+import importlib.util
+
+from tests.conftest import REPO
+
+spec = importlib.util.spec_from_file_location("ci_times", REPO / ".ci/times.py")
+times = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(times)
+
+
+def test_cpu_samples_give_the_busy_share_whole_and_per_window(tmp_path):
+    # user nice system idle iowait irq softirq steal: 300 busy of 400 jiffies, then 100 of 400.
+    (tmp_path / "cpu.txt").write_text("0 cpu  0 0 0 0 0 0 0 0 0 0\n"
+                                      "300 cpu  200 0 100 100 0 0 0 0 0 0\n"
+                                      "not a sample\n"
+                                      "600 cpu  250 0 150 400 0 0 0 0 0 0\n")
+    samples = times.read_cpu(tmp_path / "cpu.txt")
+    assert len(samples) == 3
+    report = times.cpu_report(samples, cores=2, window=300)
+    assert report.splitlines() == ["busy 50% of 2 cores over 10.0 min (600 core-seconds used)",
+                                   "  minute   0.0-  5.0: 75%", "  minute   5.0- 10.0: 25%"]
+
+
+def test_daemon_lines_are_summed_by_name_and_a_bad_line_is_skipped(tmp_path, capsys):
+    (tmp_path / "daemons.txt").write_text("(slurmd) 1.5\n(slurmd) 2.5\n(slurmctld) 3\n(garbled)\n")
+    assert times.read_daemons(tmp_path / "daemons.txt") == {"slurmd": 4.0, "slurmctld": 3.0}
+    assert "skipped a daemon line" in capsys.readouterr().out
+    assert times.read_daemons(tmp_path / "missing.txt") == {}
