@@ -130,3 +130,23 @@ def call(text: str, what: str, *args: Any, **kwargs: Any) -> Any:
                                 f"{len(args)} positional argument(s) and options "
                                 f"{sorted(kwargs)}: {exc}") from exc
         raise
+
+
+def load_step(text: str, key: str) -> Any:
+    """The user's step or evaluation function (`key`: task.name or task.eval), checked to take
+    (model, batch) as the trainer calls it: a wrong signature is one line before any step."""
+    import inspect
+
+    function = load(text)
+    try:
+        signature = inspect.signature(function)
+    except (TypeError, ValueError):      # a builtin without a signature: let the call tell
+        return function
+    try:
+        signature.bind(None, None)
+    except TypeError:
+        raise UserCodeError(f"{key} {text} takes {signature}: it is called as {text.split(':')[-1]}"
+                            "(model, batch), batch being (inputs, targets) on the rank's device. "
+                            "Fix: give it those two parameters") from None
+    return function
+

@@ -37,10 +37,24 @@ def _shard_root(spec, split: str, data: str | None) -> Path | None:
                      f"--split one of those, or --data a shard directory that has {split}/")
 
 
+def check_task(spec) -> None:
+    """`evaluate` reports a classifier's figures (top-1, top-5, per class); a run of another
+    task has its validation figures in metrics.jsonl, written by the trainer."""
+    from hpc_train.spec.schema import TaskKind
+
+    kind = spec.task_kind
+    if kind is not TaskKind.CLASSIFICATION:
+        what = spec.task.name if kind is TaskKind.OWN else kind.value
+        raise UsageError(f"evaluate reports classification runs; this run's task is {what}. Its "
+                         "validation loss (and its step's metrics) are the split: val lines of "
+                         "metrics.jsonl, or `python -m hpc_train status RUN_DIR`")
+
+
 def evaluation_data(spec, split: str, data: str | None):
     """(dataset, class names or None, where the samples come from) for `evaluate`."""
     from hpc_train.train.data import evaluation_dataset
 
+    check_task(spec)
     check_split(split)
     root = _shard_root(spec, split, data)
     if root is None:    # synthetic

@@ -36,7 +36,7 @@ def _lines(spec) -> list[str]:
     from hpc_train.models import build_model
     from hpc_train.spec.code_refs import named_code
     from hpc_train.train.data import own_dataset
-    from hpc_train.usercode import load
+    from hpc_train.usercode import load, load_step
 
     lines = []
     for key, text in named_code(spec):
@@ -52,6 +52,8 @@ def _lines(spec) -> list[str]:
                 sizes.append(f"{split} {len(dataset):,} samples" if dataset is not None
                              else f"no {split} split")
             lines.append(f"{key} {text}: {', '.join(sizes)}")
+        elif key.startswith("task."):
+            lines.append(f"{key} {text}: {load_step(text, key).__name__}(model, batch) imports")
         else:
             lines.append(f"{key} {text}: {load(text).__name__} imports")
     return lines

@@ -19,6 +19,7 @@ from hpc_train.spec.node_range import NODE_RANGE_ERROR_RULES
 from hpc_train.spec.pipeline_rules import PIPELINE_ERROR_RULES, PIPELINE_WARNING_RULES
 from hpc_train.spec.problems import Problem
 from hpc_train.spec.schema import JobSpec
+from hpc_train.spec.task_rules import TASK_ERROR_RULES
 from hpc_train.spec.throughput_rules import THROUGHPUT_ERROR_RULES, THROUGHPUT_WARNING_RULES
 from hpc_train.spec.tracker_rules import TRACKER_WARNING_RULES
 
@@ -199,7 +200,8 @@ ERROR_RULES: tuple[Rule, ...] = (hdf5_needs_path, signal_before_limit, keep_ever
                                  dataset_named, optimizer_options_unused,
                                  *PIPELINE_ERROR_RULES, *THROUGHPUT_ERROR_RULES,
                                  *NODE_RANGE_ERROR_RULES, *FSDP_ERROR_RULES,
-                                 *DEEPSPEED_ERROR_RULES, *COMPRESSION_ERROR_RULES)
+                                 *DEEPSPEED_ERROR_RULES, *COMPRESSION_ERROR_RULES,
+                                 *TASK_ERROR_RULES)
 WARNING_RULES: tuple[Rule, ...] = (idle_gpus, fixed_loss_scale_unused,
                                    warmup_shorter_than_training, milestones_within_training,
                                    path_unused, pmi_needs_srun, copy_to_unused,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import MISSING, dataclass, field
+from enum import Enum
 from typing import Any, Callable, Literal, Optional, Union
 
 from hpc_train.models.catalog import MODEL_NAMES, model as model_entry, options_of
@@ -55,7 +56,7 @@ class RunSpec:
                            check=values.check_path)
     seed: int = spec_field(0, doc="base random seed; each rank derives its own", ge=0)
     code: list[str] = spec_field(
-        doc="folders holding the packages your references (model.name, data.dataset, "
+        doc="folders holding the packages your references (model.name, data.dataset, task.name, "
         "optim.name) name, besides the submit directory; the snapshot taken at submit copies "
         "those packages with ours", factory=list, each=values.check_path,
         example=["examples/user_cnn"])
@@ -235,6 +236,35 @@ class ModelSpec:
         doc="the model's own options, as declared in its catalog entry (unset ones take the "
         "catalog's defaults); for your own model, its keyword arguments", factory=dict,
         declared_by=lambda model: options_of(model["name"]))
+
+
+class TaskKind(str, Enum):
+    """What a step computes (`JobSpec.task_kind`); the ranks' side is train/task.py."""
+    CLASSIFICATION = "classification"
+    CAUSAL_LM = "causal_lm"
+    OWN = "own"                 # the user's step function (task.name a reference)
+
+
+TASK_NAMES = ("auto", TaskKind.CLASSIFICATION.value, TaskKind.CAUSAL_LM.value)
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    name: Union[Literal[TASK_NAMES], str] = spec_field(
+        "auto", doc="what a step computes. classification: cross-entropy of model(input) "
+        "against a class index, validation accuracy; causal_lm: next-token cross-entropy of "
+        "(batch, sequence, vocabulary) logits (or an output with .logits, as Hugging Face's) "
+        "against (batch, sequence) targets, next-token accuracy; or your own step, "
+        "package.module:callable called as step(model, (input, target)) and returning the loss "
+        "or (loss, {name: number}) (the numbers are logged, averaged); auto: causal_lm for "
+        "token data and the gpt model, classification otherwise. Mixed precision, "
+        "accumulation, clipping, the loss scaler and the LR schedule stay ours",
+        check=values.choice_or_reference(TASK_NAMES, "step function"))
+    eval: Optional[str] = spec_field(
+        None, doc="with your own step: package.module:callable called as eval(model, (input, "
+        "target)) on each validation batch (no gradients, the model in eval mode), returning "
+        "the loss or (loss, {name: number}); null: the step itself",
+        check=values.check_reference, example="my_lab.tasks:eval_step")
 
 
 @dataclass(frozen=True)
@@ -506,6 +536,7 @@ class JobSpec:
     launch: LaunchSpec = field(default_factory=LaunchSpec)
     data: DataSpec = field(default_factory=DataSpec)
     model: ModelSpec = field(default_factory=ModelSpec)
+    task: TaskSpec = field(default_factory=TaskSpec)
     optim: OptimSpec = field(default_factory=OptimSpec)
     precision: PrecisionSpec = field(default_factory=PrecisionSpec)
     parallel: ParallelSpec = field(default_factory=ParallelSpec)
@@ -545,6 +576,16 @@ class JobSpec:
     @property
     def uses_pipeline(self) -> bool:
         return self.parallel.pipeline.stages > 1
+
+    @property
+    def task_kind(self) -> TaskKind:
+        """task.name resolved: auto is causal_lm for token data or a block-list model (gpt),
+        classification otherwise."""
+        name = self.task.name
+        if name == "auto":
+            tokens = self.data.kind in TOKEN_KINDS or model_entry(self.model.name).block_list
+            return TaskKind.CAUSAL_LM if tokens else TaskKind.CLASSIFICATION
+        return TaskKind(name) if name in TASK_NAMES else TaskKind.OWN
 
     @property
     def samples_per_step(self) -> int:

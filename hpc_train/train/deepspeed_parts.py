@@ -19,11 +19,10 @@ from __future__ import annotations
 import torch
 
 from hpc_train.errors import CheckpointMismatch
-from hpc_train.models.gpt import lm_loss
+from hpc_train.train.task import task_for
 from hpc_train.parallel.data_parallel import TorchCollectives
 from hpc_train.parallel.deepspeed_config import engine_config
 from hpc_train.parallel.deepspeed_engine import EngineShards, start_engine
-from hpc_train.spec.schema import TOKEN_KINDS
 from hpc_train.train.optim import build_optimizer
 from hpc_train.train.precision import Precision
 from hpc_train.train.sharded_model import build_job_model, evaluate_in_step
@@ -56,7 +55,6 @@ class DeepSpeedParts:
 
     def __init__(self, spec, paths, identity, device: torch.device):
         self.spec, self.device = spec, device
-        self.tokens = spec.data.kind in TOKEN_KINDS
         torch.manual_seed(spec.run.seed)   # the same initial weights on every rank
         model = build_job_model(spec).to(device)
         optimizer = build_optimizer(spec.optim, model.parameters(), lr=spec.scaled_lr)
@@ -66,8 +64,7 @@ class DeepSpeedParts:
         self.backend = TorchCollectives(device)
         # Autocast only: fp16 (a loss scaler) is refused at validate for this backend.
         self.precision = Precision(spec.precision.mode, device)
-        self.loss = lm_loss if self.tokens else torch.nn.CrossEntropyLoss(
-            label_smoothing=spec.optim.label_smoothing)
+        self.task = task_for(spec, device)
         self.shape = ZeroShape(identity.size, spec.parallel.deepspeed.stage)
 
     def states(self) -> CheckpointedState:
@@ -85,7 +82,7 @@ class DeepSpeedParts:
         for i, (inputs, targets) in enumerate(micro_batches):
             engine.set_gradient_accumulation_boundary(i == passes - 1)
             with self.precision.autocast():
-                loss = self.loss(engine(inputs), targets)
+                loss = self.task.loss(engine, inputs, targets)
             # DeepSpeed divides by gradient_accumulation_steps (= parallel.accumulation = passes).
             total += engine.backward(loss).item()
         clock.mark("backward")
@@ -96,5 +93,5 @@ class DeepSpeedParts:
     def evaluate(self, val_batches, tick) -> torch.Tensor:
         """This rank's (loss sum, correct, count); every forward in step with the other ranks'
         (ZeRO-3 gathers the parameters in each)."""
-        return evaluate_in_step(self.engine, self.spec, self.device, val_batches,
+        return evaluate_in_step(self.engine, self.task, self.spec, self.device, val_batches,
                                 self.precision.autocast, tick, self.backend.allreduce_sum)

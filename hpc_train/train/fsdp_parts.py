@@ -16,14 +16,13 @@ import torch
 
 from hpc_train.checkpoint.sharded import ShardedModelState
 from hpc_train.models import shard_units
-from hpc_train.models.catalog import model as model_entry
-from hpc_train.models.gpt import lm_loss
 from hpc_train.parallel.fsdp import FsdpBackend, local_numel
 from hpc_train.train.optim import build_optimizer
 from hpc_train.train.precision import Precision
 from hpc_train.train.sharded_model import build_job_model, evaluate_in_step
 from hpc_train.train.state import CheckpointedState, ModelBuffers
 from hpc_train.train.step import optimizer_step
+from hpc_train.train.task import task_for
 from hpc_train.train.timing import NO_CLOCK
 
 log = logging.getLogger("hpc_train.trainer")
@@ -37,7 +36,6 @@ class FsdpParts:
         self.backend = FsdpBackend(identity, device)
         torch.manual_seed(spec.run.seed)  # the same whole model everywhere; each keeps its shards
         model = build_job_model(spec).to(device)
-        self.tokens = model_entry(spec.model.name).block_list
         units = shard_units(spec.model.name, model, spec.parallel.fsdp.units)
         # Named before fully_shard renames their classes (FSDP<name>).
         kinds = ", ".join(sorted({type(u).__name__ for u in units})) or "none"
@@ -45,8 +43,7 @@ class FsdpParts:
         self.optimizer = build_optimizer(spec.optim, self.model.parameters(), lr=spec.scaled_lr)
         self.precision = Precision(spec.precision.mode, device, spec.precision.loss_scale,
                                    spec.precision.init_scale, sharded=True)
-        self.criterion = lm_loss if self.tokens else torch.nn.CrossEntropyLoss(
-            label_smoothing=spec.optim.label_smoothing)
+        self.task = task_for(spec, device)
         if identity.is_main:
             log.info("fsdp: %d ranks, %d parameters on this rank of %d, %d units of %s and the "
                      "root", identity.size, local_numel(self.model),
@@ -61,10 +58,10 @@ class FsdpParts:
             sharded=ShardedModelState(self.model, self.optimizer))
 
     def train_step(self, micro_batches, clock=NO_CLOCK) -> tuple[float, bool]:
-        return optimizer_step(self.model, self.optimizer, micro_batches, self.criterion,
+        return optimizer_step(self.model, self.optimizer, micro_batches, self.task.loss,
                               self.precision, self.backend, self.spec.optim.grad_clip, clock)
 
     def evaluate(self, val_batches, tick) -> torch.Tensor:
         """This rank's (loss sum, correct, count); every forward in step with the other ranks'."""
-        return evaluate_in_step(self.model, self.spec, self.device, val_batches,
+        return evaluate_in_step(self.model, self.task, self.spec, self.device, val_batches,
                                 self.precision.autocast, tick, self.backend.allreduce_sum)

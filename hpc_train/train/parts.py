@@ -13,6 +13,7 @@ from typing import Any, Callable, Iterable, Protocol, runtime_checkable
 import torch
 
 from hpc_train.train.state import CheckpointedState
+from hpc_train.train.task import Task
 
 
 @runtime_checkable
@@ -29,13 +30,14 @@ class Collectives(Protocol):
 @runtime_checkable
 class TrainingParts(Protocol):
     """`states()`: this kind's checkpoint components (the loop adds its own); `train_step`:
-    (this rank's loss, None where it computes none; applied); `evaluate`: this rank's (loss
-    sum, correct, count), calling `tick` per batch."""
+    (this rank's loss, None where it computes none; applied); `evaluate`: this rank's sums of
+    the task (loss sum, correct, count, ...: train/task.py), calling `tick` per batch."""
 
     model: torch.nn.Module            # this rank's model (or its stage): digested at the end
     backend: Collectives
     optimizer: torch.optim.Optimizer  # the loop sets its learning rate every step
     precision: Any                    # Stateful, with the `loss_scale` that is logged
+    task: Task                        # the loss, the evaluation's sums and the val line's figures
 
     def states(self) -> CheckpointedState: ...
 

@@ -16,7 +16,6 @@ import torch
 
 from hpc_train.models import build_model
 from hpc_train.models.catalog import model as model_entry
-from hpc_train.train.evaluation import evaluate_classifier
 
 
 def build_job_model(spec) -> torch.nn.Module:
@@ -28,30 +27,13 @@ def build_job_model(spec) -> torch.nn.Module:
     return build_model(spec.model.name, spec.data.num_classes, spec.model.options)
 
 
-class TokensAsSamples(torch.nn.Module):
-    """A language model seen as a classifier of every position: (B, S) -> (B x S, vocabulary),
-    so the classifier's evaluation sums over tokens (loss sum, correct tokens, tokens)."""
-
-    def __init__(self, model: torch.nn.Module):
-        super().__init__()
-        self.model = model
-
-    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
-        return self.model(inputs).flatten(0, 1)
-
-
-def evaluate_in_step(model: torch.nn.Module, spec, device: torch.device, batches: Iterable,
+def evaluate_in_step(model: torch.nn.Module, task, spec, device: torch.device, batches: Iterable,
                      autocast: Callable[[], ContextManager], tick: Callable[[], None],
                      allreduce_sum: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
-    """This rank's (loss sum, correct, count) over `batches`: images, or the tokens of a
-    language model, every forward in step with the other ranks'."""
-    tokens = model_entry(spec.model.name).block_list
-    batches = _in_step(model, spec, device, batches, autocast, allreduce_sum)
-    classes = spec.data.num_classes
-    if tokens:
-        model, classes = TokensAsSamples(model), spec.data.vocab_size
-        batches = ((inputs, targets.flatten()) for inputs, targets in batches)
-    return evaluate_classifier(model, batches, device, autocast, classes, tick)[:3].clone()
+    """This rank's sums of the job's task (train/task.py) over `batches`, every forward in
+    step with the other ranks'."""
+    return task.evaluate(model, _in_step(model, spec, device, batches, autocast, allreduce_sum),
+                         autocast, tick)
 
 
 def _in_step(model, spec, device, batches, autocast, allreduce_sum):

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 
@@ -11,10 +12,11 @@ from hpc_train.train.precision import Precision
 from hpc_train.train.timing import NO_CLOCK
 
 
-def optimizer_step(model: torch.nn.Module, optimizer, micro_batches: Sequence[tuple[torch.Tensor, torch.Tensor]],
-                   criterion, precision: Precision, backend=None, grad_clip: float | None = None,
-                   clock=NO_CLOCK) -> tuple[float, bool]:
+def optimizer_step(model: torch.nn.Module, optimizer, micro_batches: Sequence[tuple[Any, Any]],
+                   loss_of: Callable[[torch.nn.Module, Any, Any], torch.Tensor], precision: Precision,
+                   backend=None, grad_clip: float | None = None, clock=NO_CLOCK) -> tuple[float, bool]:
     """Forward/backward each micro-batch, then one (maybe skipped) optimizer step.
+    `loss_of(model, inputs, targets)`: the micro-batch's loss (the job's task, train/task.py).
 
     Each micro-batch loss is divided by the number of micro-batches, so accumulating k batches
     of B gives the gradient of one batch of k x B (for models without batch statistics).
@@ -23,11 +25,11 @@ def optimizer_step(model: torch.nn.Module, optimizer, micro_batches: Sequence[tu
     """
     passes = len(micro_batches)
     total = 0.0
-    for i, (images, labels) in enumerate(micro_batches):
+    for i, (inputs, targets) in enumerate(micro_batches):
         sync = backend.accumulate(model, last_pass=i == passes - 1) if backend else contextlib.nullcontext()
         with sync:
             with precision.autocast():
-                loss = criterion(model(images), labels) / passes
+                loss = loss_of(model, inputs, targets) / passes
             precision.backward(loss)
         total += loss.item()
     clock.mark("backward")

@@ -34,20 +34,20 @@ from hpc_train.runtime.heartbeat import NoHeartbeat, Phase
 from hpc_train.launch.identity import RankInfo
 from hpc_train.runtime.stop import StopFlag
 from hpc_train.spec import dump_spec_yaml, spec_to_dict
-from hpc_train.spec.schema import TOKEN_KINDS
+from hpc_train.spec.schema import TOKEN_KINDS, TaskKind
 from hpc_train.train.ledger import SampleLedger
 from hpc_train.train.state import (CheckpointedState, ModelBuffers, ModelWeights, Progress,
                                    RngStreams, unwrap)
 from hpc_train.train.checkpointing import Checkpointing
 from hpc_train.train.data import (DeviceInputs, build_loaders, dump_worker_stacks, normalizes_on_device,
                                   shutdown_workers, start_worker_server, worker_pids)
-from hpc_train.train.evaluation import evaluate_classifier
 from hpc_train.train.meters import Window
 from hpc_train.train.optim import build_optimizer
 from hpc_train.train.parts import PartsFactory
 from hpc_train.train.precision import Precision
 from hpc_train.train.schedule import LrSchedule
 from hpc_train.train.step import optimizer_step
+from hpc_train.train.task import task_for
 from hpc_train.train.trackers.tracker_set import TrackerSet
 from hpc_train.train.timing import NO_CLOCK, StepTimes
 
@@ -92,7 +92,7 @@ class DataParallelParts:
             compression=spec.parallel.compression, powersgd=spec.parallel.powersgd)
         self.precision = Precision(spec.precision.mode, device, spec.precision.loss_scale,
                                    spec.precision.init_scale)
-        self.criterion = torch.nn.CrossEntropyLoss(label_smoothing=spec.optim.label_smoothing)
+        self.task = task_for(spec, device)
 
     def states(self) -> CheckpointedState:
         """This job's own checkpointed components (the trainer adds schedule, progress, sampler
@@ -111,15 +111,13 @@ class DataParallelParts:
 
     def train_step(self, micro_batches, clock=NO_CLOCK) -> tuple[float, bool]:
         """One optimizer step: (this rank's loss, whether the step was applied)."""
-        return optimizer_step(self.model, self.optimizer, micro_batches, self.criterion,
+        return optimizer_step(self.model, self.optimizer, micro_batches, self.task.loss,
                               self.precision, self.backend, self.spec.optim.grad_clip, clock)
 
     def evaluate(self, val_batches, tick) -> torch.Tensor:
-        """This rank's (loss sum, correct, count) over its validation part; `evaluate` RUN_DIR
-        runs the same function, so it reproduces these sums."""
-        totals = evaluate_classifier(self.model, val_batches, self.device, self.precision.autocast,
-                                     self.spec.data.num_classes, tick)
-        return totals[:3].clone()
+        """This rank's sums over its validation part (train/task.py); for classification
+        `evaluate` RUN_DIR runs the same function, so it reproduces them."""
+        return self.task.evaluate(self.model, val_batches, self.precision.autocast, tick)
 
 
 # Each kind of job's parts, imported when a job of that kind starts: pipelining pulls in
@@ -337,7 +335,10 @@ class Trainer:
     def _log(self, epoch: int, lr: float, window: Window) -> None:
         # One small collective per logged step: the mean loss over the ranks that compute one.
         self.heartbeat.progress(phase=Phase.SYNC)
-        summed = self.backend.allreduce_sum(torch.tensor([window.loss_sum, float(window.loss_steps)]))
+        # Then an own step's metric sums since the last log (none for ours: train/task.py).
+        task = self.parts.task
+        summed = self.backend.allreduce_sum(torch.cat([
+            torch.tensor([window.loss_sum, float(window.loss_steps)]), task.take_metrics().float()]))
         elapsed = window.elapsed()
         if not self.identity.is_main:
             return
@@ -347,6 +348,7 @@ class Trainer:
             "loss": summed[0].item() / summed[1].item(), "lr": lr, **rates,
             "step_time": elapsed / window.steps, "data_time": window.data_seconds / window.steps,
             "loss_scale": self.precision.loss_scale, "skipped_steps": window.skipped,
+            **task.metric_record(summed[2:]),
         }
         self._write_metrics(record)
         log.info("step %d/%d epoch %d loss %.4f lr %.4g %s", self.step, self.total_steps, epoch,
@@ -354,17 +356,16 @@ class Trainer:
                                               for k, v in rates.items()))
 
     def evaluate(self, epoch: int) -> None:
-        """Sum the ranks' (loss sum, correct, count) of the parts' evaluation; rank 0 writes the
-        val line."""
+        """Sum the ranks' sums of the parts' evaluation (loss sum, correct, count, ...: the
+        task's); rank 0 writes the val line."""
         totals = self.parts.evaluate(self.inputs.batches(self.val_loader),
                                      lambda: self.heartbeat.progress(phase=Phase.EVALUATE))
         self.heartbeat.progress(phase=Phase.SYNC)
         totals = self.backend.allreduce_sum(totals)
         if self.identity.is_main and totals[2] > 0:
-            record = {"time": time.time(), "step": self.step, "epoch": epoch, "split": "val",
-                      "loss": totals[0].item() / totals[2].item(),
-                      "accuracy": totals[1].item() / totals[2].item()}
-            self._write_metrics(record)
-            accuracy = "next-token accuracy" if self.spec.data.kind in TOKEN_KINDS else "accuracy"
-            log.info("eval epoch %d loss %.4f %s %.3f", epoch, record["loss"], accuracy,
-                     record["accuracy"])
+            figures = self.parts.task.val_record(totals)
+            self._write_metrics({"time": time.time(), "step": self.step, "epoch": epoch,
+                                 "split": "val", **figures})
+            if self.parts.task.kind is TaskKind.CAUSAL_LM:
+                figures = {("next-token accuracy" if k == "accuracy" else k): v for k, v in figures.items()}
+            log.info("eval epoch %d %s", epoch, " ".join(f"{k} {v:.4g}" for k, v in figures.items()))

@@ -1,10 +1,14 @@
 """The user's own model and dataset on the real Slurm: jobs/user_cnn.yaml as shipped (a lab's
 package outside ours, examples/user_cnn/lab_cnn, named by reference) submitted with `submit`.
 
-- Uninterrupted, it trains (the loss halves) and its code snapshot holds the user's package.
+Both runs below also take the lab's own loss and metrics (task.name lab_cnn.steps:train_step,
+task.eval lab_cnn.steps:eval_step): the classification loss they replace is every other job's.
+
+- Uninterrupted, it trains (the loss halves), logs the step's own metrics in its metrics lines
+  (training and validation) and its code snapshot holds the user's package.
 - Stopped by USR2 to the batch shell at step 8, it saves, requeues itself and ends COMPLETED with
   every rank's parameters, optimizer and buffers bit-identical to the uninterrupted run, the loss
-  of every step equal: exact resume holds for the user's map-style dataset as for our shards.
+  of every step equal: exact resume holds for the user's map-style dataset and step as for ours.
 - A model that does not build fails the job with the user's traceback (their file and line) in
   the rank's log and in `diagnose`.
 """
@@ -15,6 +19,7 @@ import subprocess
 
 import pytest
 
+from hpc_train.rundir import read_jsonl
 from tests.runs import (assert_same_training, assert_trained, cli, describe_failure, events,
                         logged_step, submit, wait_for)
 
@@ -23,7 +28,8 @@ pytestmark = [pytest.mark.slurm, pytest.mark.mpi, pytest.mark.horovod, pytest.ma
 ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"}
 SPEC = "jobs/user_cnn.yaml"
 TOTAL_STEPS = 46           # 1 epoch of 3,000 demo images at 64 per step, the tail dropped
-WATCH = ["log.every_steps=1", "optim.epochs=1"]
+WATCH = ["log.every_steps=1", "optim.epochs=1",
+         "task.name=lab_cnn.steps:train_step", "task.eval=lab_cnn.steps:eval_step"]
 BROKEN = """
 def build():
     return make_layers()      # the user's bug: make_layers is not defined
@@ -55,6 +61,11 @@ def test_the_users_model_and_data_train_and_travel_with_the_run(jobs, slurm_clus
     job_id, paths = jobs["straight"]
     assert slurm_cluster.wait_state(job_id, ENDED, timeout=1200) == "COMPLETED", describe_failure(paths)
     assert_trained(paths)
+    lines = read_jsonl(paths.metrics)
+    steps = [m for m in lines if m.get("split") is None]
+    assert len(steps) == TOTAL_STEPS and all(0 <= m["top1"] <= 1 for m in steps), steps[-1]
+    (val,) = [m for m in lines if m.get("split") == "val"]
+    assert set(val) >= {"loss", "top1", "confidence"} and "accuracy" not in val, val
     code = paths.code.resolve()
     assert (code / "lab_cnn" / "model.py").is_file() and (code / "hpc_train").is_dir()
     assert events(paths, "started")[0]["ranks"] == 2

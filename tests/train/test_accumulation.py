@@ -27,7 +27,7 @@ def test_single_process_accumulation_matches_the_large_batch():
         model = _linear_model()
         opt = torch.optim.SGD(model.parameters(), lr=0.5)
         micro = list(zip(inputs.chunk(chunks), labels.chunk(chunks)))
-        loss, applied = optimizer_step(model, opt, micro, criterion, Precision("fp32"))
+        loss, applied = optimizer_step(model, opt, micro, lambda m, x, y: criterion(m(x), y), Precision("fp32"))
         assert applied
         results.append((loss, model.weight.detach().clone()))
     for loss, weight in results[1:]:

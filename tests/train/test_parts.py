@@ -25,6 +25,7 @@ from hpc_train.train.checkpointing import Checkpointing
 from hpc_train.train.parts import Collectives, TrainingParts
 from hpc_train.train.pipeline_trainer import PipelineParts
 from hpc_train.train.state import CheckpointedState, ModelWeights, Progress
+from hpc_train.train.task import CausalLm
 from hpc_train.train.trainer import PARTS, DataParallelParts, parts_for
 
 
@@ -92,6 +93,7 @@ class OneLayer:
         self.backend = Alone()
         self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.1)
         self.precision = SimpleNamespace(loss_scale=None)
+        self.task = CausalLm()
 
     def states(self) -> CheckpointedState:
         return CheckpointedState(replicated={"model": ModelWeights(self.model)})

@@ -169,9 +169,11 @@ def test_a_dataset_that_changed_is_refused_at_resume():
 
 
 def test_validate_import_builds_the_users_code_in_a_subprocess(tmp_path):
-    out = cli("validate", "jobs/user_cnn.yaml", "--no-slurm", "--import")
+    out = cli("validate", "jobs/user_cnn.yaml", "--no-slurm", "--import", "--set",
+              "task.name=lab_cnn.steps:train_step")
     assert out.returncode == 0, out.stderr
     assert "model.name lab_cnn.model:SmallCNN: SmallCNN, 24,346 parameters" in out.stdout
+    assert "task.name lab_cnn.steps:train_step: train_step(model, batch) imports" in out.stdout
     assert "data.dataset lab_cnn.data:images: train 3,000 samples, val 300 samples" in out.stdout
     (tmp_path / "broken_lab").mkdir()
     (tmp_path / "broken_lab" / "__init__.py").write_text("")

@@ -47,7 +47,7 @@ labels = torch.randint(CLASSES, shape, generator=data)
 precision = Precision("fp32", "cpu")
 for step in range(STEPS):
     micro = [(inputs[step, identity.rank, k], labels[step, identity.rank, k]) for k in range(ACCUMULATION)]
-    optimizer_step(model, optimizer, micro, criterion, precision, backend)
+    optimizer_step(model, optimizer, micro, lambda m, x, y: criterion(m(x), y), precision, backend)
 
 reference_opt = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9)
 for step in range(STEPS):
