@@ -22,20 +22,31 @@ from collections import defaultdict
 from pathlib import Path
 
 
-def read_phases(path: Path) -> list[tuple[str, float]]:
-    phases = []
+def read_lines(path: Path, what: str) -> list[str]:
+    """The file's lines; none, said on stdout, when it cannot be read."""
     try:
-        lines = path.read_text().splitlines()
+        return path.read_text().splitlines()
     except OSError as error:
-        print(f"(no phase times: {error})")
-        return phases
+        print(f"(no {what}: {error})")
+        return []
+
+
+def parse_each(lines: list[str], parse, what: str) -> list:
+    """parse(line) for each line; a line it cannot parse is said and skipped."""
+    parsed = []
     for line in lines:
-        seconds, _, name = line.partition("\t")
         try:
-            phases.append((name, float(seconds)))
-        except ValueError:
-            print(f"(skipped a phase line: {line!r})")
-    return phases
+            parsed.append(parse(line))
+        except (ValueError, IndexError):
+            print(f"(skipped a {what}: {line!r})")
+    return parsed
+
+
+def read_phases(path: Path) -> list[tuple[str, float]]:
+    def phase(line: str) -> tuple[str, float]:
+        seconds, _, name = line.partition("\t")
+        return name, float(seconds)
+    return parse_each(read_lines(path, "phase times"), phase, "phase line")
 
 
 def read_cases(path: Path) -> list[dict]:
@@ -56,21 +67,12 @@ def read_cases(path: Path) -> list[dict]:
 
 def read_cpu(path: Path) -> list[tuple[float, float, float]]:
     """(seconds, busy jiffies, all jiffies) per sample of /proc/stat's cpu line, summed over cores."""
-    samples = []
-    try:
-        lines = path.read_text().splitlines()
-    except OSError as error:
-        print(f"(no CPU samples: {error})")
-        return samples
-    for line in lines:
+    def sample(line: str) -> tuple[float, float, float]:
         words = line.split()
-        try:
-            ticks = [int(w) for w in words[2:]]
-            idle = ticks[3] + ticks[4]                 # idle and iowait
-            samples.append((float(words[0]), float(sum(ticks[:8]) - idle), float(sum(ticks[:8]))))
-        except (ValueError, IndexError):
-            print(f"(skipped a CPU sample: {line!r})")
-    return samples
+        ticks = [int(w) for w in words[2:10]]
+        idle = ticks[3] + ticks[4]                 # idle and iowait
+        return float(words[0]), float(sum(ticks) - idle), float(sum(ticks))
+    return parse_each(read_lines(path, "CPU samples"), sample, "CPU sample")
 
 
 def cpu_report(samples: list[tuple[float, float, float]], cores: int, window: float = 300) -> str:
@@ -91,20 +93,12 @@ def cpu_report(samples: list[tuple[float, float, float]], cores: int, window: fl
 
 
 def read_daemons(path: Path) -> dict[str, float]:
-    used: dict[str, float] = defaultdict(float)
-    try:
-        lines = path.read_text().splitlines()
-    except OSError as error:
-        print(f"(no daemon CPU: {error})")
-        return used
-    for line in lines:
+    def daemon(line: str) -> tuple[str, float]:
         name, _, seconds = line.rpartition(" ")
-        try:
-            cpu = float(seconds)
-        except ValueError:
-            print(f"(skipped a daemon line: {line!r})")
-            continue
-        used[name.strip("()")] += cpu
+        return name.strip("()"), float(seconds)
+    used: dict[str, float] = defaultdict(float)
+    for name, seconds in parse_each(read_lines(path, "daemon CPU"), daemon, "daemon line"):
+        used[name] += seconds
     return used
 
 

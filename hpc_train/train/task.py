@@ -40,6 +40,11 @@ RESERVED = frozenset({"time", "step", "epoch", "samples", "loss", "lr", "split",
 
 
 class Task(Protocol):
+    """`loss`: one micro-batch's (the parts divide by the passes, scale and backward it);
+    `evaluate`: this rank's sums over its batches; `val_record`: the val line's figures from the
+    ranks' summed totals; `take_metrics` / `metric_record`: the step's own metrics since the last
+    log line, summed, then as figures (empty for ours)."""
+
     kind: TaskKind
 
     def loss(self, model: torch.nn.Module, inputs: Any, targets: Any) -> torch.Tensor: ...

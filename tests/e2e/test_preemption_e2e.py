@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import pytest
 
 from hpc_train.rundir import RunPaths
+from hpc_train.spec import load_spec
 from tests.runs import cli, describe_failure, events, logged_step, submit, wait_for
 
 pytestmark = [pytest.mark.multinode, pytest.mark.slurm, pytest.mark.mpi, pytest.mark.slow]
@@ -130,21 +131,24 @@ def test_a_preempted_run_saves_at_the_graces_start_and_ends_as_an_uninterrupted_
     assert twin.state == "COMPLETED", describe_failure(twin.paths)
 
     # Heard at the grace's start: the stop was saved within a few steps of the urgent job.
-    [saved] = events(job.paths, "stop_saved")
+    saved, *later = events(job.paths, "stop_saved")
     assert seen["step"] <= saved["step"] <= seen["step"] + HEARD_WITHIN_STEPS, (seen, saved)
+    grace = float(_partition(slurm_nodes, "debug")["GraceTime"])
+    _only_grace_clamped_stops(job.paths, later, grace)
     if name == "mpirun":                                 # the sentinel step heard it for the driver
         [asked] = events(job.paths, "stop_requested")
         assert (asked["reason"], asked["source"]) == ("preempted", "preemption sentinel step")
     else:                                                # srun's ranks, a step, heard it themselves
         assert saved["reason"] == "SIGTERM" and not events(job.paths, "stop_requested")
-    [requeued] = events(job.paths, "requeued")
-    assert (requeued["stop"], requeued["by"]) == ("preempted", "driver"), requeued
-    assert [e["from_checkpoint"] for e in events(job.paths, "resumed")] == [saved["step"]]
+    requeued = events(job.paths, "requeued")
+    assert [(e["stop"], e["by"]) for e in requeued] == [("preempted", "driver")] + [("time_limit", "driver")] * len(later)
+    assert [e["from_checkpoint"] for e in events(job.paths, "resumed")] == [saved["step"]] + [e["step"] for e in later]
 
     # Counted apart from time limits, in status and the run state.
+    stops = {"preempted": 1, **({"time_limit": len(later)} if later else {})}
     status = json.loads(cli("status", str(job.paths.root), "--json", env=slurm_nodes.env).stdout)["runs"][0]
-    assert status["stops"] == {"preempted": 1}
-    assert json.loads(job.paths.run_state.read_text())["stops"] == {"preempted": 1}
+    assert status["stops"] == stops
+    assert json.loads(job.paths.run_state.read_text())["stops"] == stops
 
     # The same training as the uninterrupted run of the same layout.
     finished = {e["params_sha256"] for e in events(job.paths, "rank_finished")}
@@ -152,10 +156,23 @@ def test_a_preempted_run_saves_at_the_graces_start_and_ends_as_an_uninterrupted_
     assert {e["step"] for e in events(job.paths, "rank_finished")} == {TOTAL_STEPS}
 
     # The preempting job did not wait for the grace to end (Slurm's own record of its start).
-    grace = float(_partition(slurm_nodes, "debug")["GraceTime"])
     urgent_start = _sacct_start(slurm_nodes, seen["urgent"])
     assert urgent_start < seen["submitted"] + grace, (urgent_start - seen["submitted"], grace)
     assert urgent_start >= int(saved["time"]) - 1          # it started once ours had saved
+
+
+def _only_grace_clamped_stops(paths: RunPaths, later: list[dict], grace: float) -> None:
+    """Stops after the preemption's are time-limit stops at an end Slurm gave as the grace only.
+    The requeued job may start while Slurm still counts it as preempted, and then ends it
+    GraceTime after that start (its end time, SLURM_JOB_END_TIME, is the preemption's clamp; seen
+    in CI14, srun across two nodes): the driver saves a stop before that end, as at any time
+    limit, and requeues once more. Any other second stop is a fault of ours."""
+    starts = events(paths, "started")
+    for stop in later:
+        assert stop["reason"] == "deadline", stop
+        start = max((e for e in starts if e["time"] <= stop["time"]), key=lambda e: e["time"])
+        end = start["deadline"] + float(load_spec(paths.spec).slurm.signal_seconds)
+        assert end - start["time"] <= grace + 5, (start, stop)       # the clamp, not the limit
 
 
 @pytest.mark.parametrize("name", list(INTERRUPTED))
