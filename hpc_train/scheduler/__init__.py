@@ -246,7 +246,12 @@ def requeue(job_id: str, restart: int, attempts: int = ATTEMPTS) -> tuple[str | 
             return "driver", "scontrol requeue accepted"
         detail = _said(out)
         job = show_job(job_id)
-        if (job is not None and job.restarts > restart) or ALREADY_PENDING in detail:
+        requeued = job is not None and job.restarts > restart
+        if requeued and out.returncode < 0:
+            # scontrol runs among the job's processes, which the requeue it asked for signals:
+            # ended by a signal, its requeue was accepted (CI15: "exit -15", recorded as Slurm's).
+            return "driver", f"scontrol requeue accepted (scontrol itself ended by the requeue's signal, exit {out.returncode})"
+        if requeued or ALREADY_PENDING in detail:
             return "slurm", f"requeued already; scontrol said: {detail}"
         if attempt < attempts:
             time.sleep(PAUSE * attempt)

@@ -206,3 +206,15 @@ def test_a_refused_requeue_is_reported_with_scontrols_words(tmp_path, monkeypatc
     _fake_scontrol(tmp_path, monkeypatch, restarts=2, refusal="Access/permission denied")
     by, detail = scheduler.requeue("5", restart=2, attempts=2)
     assert by is None and detail == "Access/permission denied"
+
+
+def test_an_scontrol_ended_by_its_own_requeues_signal_is_our_requeue(tmp_path, monkeypatch):
+    """scontrol runs among the job's processes: the requeue it asked for may SIGTERM it before it
+    exits 0 (CI15). The job requeued, scontrol killed by a signal: the requeue was ours."""
+    from hpc_train import scheduler
+
+    _fake_scontrol(tmp_path, monkeypatch, restarts=3, refusal="")
+    script = tmp_path / "scontrol"
+    script.write_text(script.read_text().replace('echo "" >&2; exit 1', "kill -TERM $$"))
+    by, detail = scheduler.requeue("5", restart=2, attempts=2)
+    assert by == "driver" and "exit -15" in detail, detail
