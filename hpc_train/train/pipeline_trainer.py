@@ -15,8 +15,7 @@ import torch
 
 from hpc_train.errors import CheckpointMismatch
 from hpc_train.models import build_model
-from hpc_train.models.gpt import lm_loss
-from hpc_train.train.task import task_for
+from hpc_train.train.task import CausalLm
 from hpc_train.parallel.data_parallel import init_torch_distributed
 from hpc_train.parallel.pipeline.engine import PipelineConfig, PipelineEngine
 from hpc_train.parallel.pipeline.scaler import AgreedLossScaler
@@ -83,9 +82,10 @@ class PipelineParts:
         example = torch.randint(spec.data.vocab_size, (micro, spec.data.seq_len))
         self.precision = AgreedLossScaler(spec.precision.mode, spec.precision.loss_scale,
                                           spec.precision.init_scale)
-        # causal_lm (spec/task_rules.py): its loss on the last stage, its figures in the val line.
-        self.task = task_for(spec, device)
-        self.engine = PipelineEngine(full, self.layout, identity.rank, device, config, lm_loss,
+        # A pipeline trains causal_lm (spec/task_rules.py): its loss on the last stage, its
+        # figures in the val line.
+        self.task = CausalLm()
+        self.engine = PipelineEngine(full, self.layout, identity.rank, device, config, self.task.output_loss,
                                      self.precision, spec.precision.mode, example)
         del full
         self.backend = self.engine          # allreduce_sum / barrier / shutdown over the world

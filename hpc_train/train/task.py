@@ -96,8 +96,13 @@ class Classification(_OurLoss):
 class CausalLm(_OurLoss):
     kind = TaskKind.CAUSAL_LM
 
+    @staticmethod
+    def output_loss(output, targets) -> torch.Tensor:
+        """The loss of a model's output: what the pipeline's last stage computes."""
+        return lm_loss(logits_of(output), targets)
+
     def loss(self, model, inputs, targets) -> torch.Tensor:
-        return lm_loss(logits_of(model(inputs)), targets)
+        return self.output_loss(model(inputs), targets)
 
     @torch.no_grad()
     def evaluate(self, model, batches, autocast, tick) -> torch.Tensor:
@@ -146,11 +151,9 @@ class OwnStep:
 
     def loss(self, model, inputs, targets) -> torch.Tensor:
         loss, metrics = self._split(self.step(model, (inputs, targets)), f"task.name {self.step_name}")
-        if not self.names and metrics:
-            self.names = sorted(metrics)[:METRIC_SLOTS]
+        self.names = self.names or _names(metrics)
         self._sums[0] += 1
-        for slot, name in enumerate(self.names):
-            self._sums[1 + slot] += metrics.get(name, math.nan)
+        _add(self._sums, 1, self.names, metrics, 1.0)
         return loss
 
     def take_metrics(self) -> torch.Tensor:
@@ -170,19 +173,29 @@ class OwnStep:
             tick()
             with autocast():
                 loss, metrics = self._split(self.eval(model, (inputs, targets)), f"task.eval {self.eval_name}")
-            if not self.eval_names and metrics:
-                self.eval_names = sorted(metrics)[:METRIC_SLOTS]
+            self.eval_names = self.eval_names or _names(metrics)
             count = float(len(inputs))      # each batch weighs its samples: means over samples
             totals[0] += loss.item() * count
             totals[2] += count
-            for slot, name in enumerate(self.eval_names):
-                totals[HEAD + slot] += metrics.get(name, math.nan) * count
+            _add(totals, HEAD, self.eval_names, metrics, count)
         return totals
 
     def val_record(self, totals: torch.Tensor) -> dict[str, float]:
         count = totals[2].item()
         return {"loss": totals[0].item() / count,
                 **{name: totals[HEAD + slot].item() / count for slot, name in enumerate(self.eval_names)}}
+
+
+def _names(metrics: dict[str, float]) -> list[str]:
+    """The metrics logged, from a first result: the first METRIC_SLOTS names in order."""
+    return sorted(metrics)[:METRIC_SLOTS]
+
+
+def _add(sums: torch.Tensor, start: int, names: list[str], metrics: dict[str, float],
+         weight: float) -> None:
+    """Add each named metric, times `weight`, to its slot from `start` (NaN where missing)."""
+    for slot, name in enumerate(names):
+        sums[start + slot] += metrics.get(name, math.nan) * weight
 
 
 def _kind_of(value: Any) -> str:
