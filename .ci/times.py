@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 import xml.etree.ElementTree as ET
 from collections import defaultdict
@@ -50,7 +51,8 @@ def read_phases(path: Path) -> list[tuple[str, float]]:
 
 
 def read_cases(path: Path) -> list[dict]:
-    """Each test case of the report: module, tier, seconds, outcome."""
+    """Each test case of the report: module, tier, seconds, CPU seconds (0 where the report has
+    none), outcome."""
     try:
         root = ET.parse(path).getroot()
     except (OSError, ET.ParseError) as error:
@@ -61,7 +63,8 @@ def read_cases(path: Path) -> list[dict]:
         properties = {p.get("name"): p.get("value") for p in case.iter("property")}
         outcome = next((child.tag for child in case if child.tag in ("failure", "error", "skipped")), "passed")
         cases.append({"module": module_of(case.get("classname", "?")), "tier": properties.get("tier", "?"),
-                      "seconds": float(case.get("time") or 0), "outcome": outcome})
+                      "seconds": float(case.get("time") or 0),
+                      "cpu": float(properties.get("cpu_seconds") or 0), "outcome": outcome})
     return cases
 
 
@@ -102,6 +105,38 @@ def read_daemons(path: Path) -> dict[str, float]:
     return used
 
 
+# sacct's TotalCPU: [D-][HH:]MM:SS[.mmm]
+def cpu_time(text: str) -> float:
+    days, _, clock = text.rpartition("-")
+    seconds = 0.0
+    for part in clock.split(":"):
+        seconds = seconds * 60 + float(part)
+    return seconds + 86400 * int(days or 0)
+
+
+# A job's sbatch line names its run directory, under the directory pytest gave its test (or its
+# module's fixture): /tmp/pytest-of-USER/pytest-N/[popen-gwK/]NAME/..., or in CI under its
+# lane's --basetemp, /tmp/hpc_train-ci-LANE/[popen-gwK/]NAME/...
+TEST_DIR = re.compile(r"(?:/pytest-of-[^/]+/pytest-\d+|/hpc_train-ci-[a-z]+)/(?:popen-gw\d+/)?([^/\s]+)")
+
+
+def read_jobs(path: Path) -> dict[str, float]:
+    """CPU seconds of the Slurm jobs (sacct JobIDRaw|TotalCPU|SubmitLine), summed by the test
+    directory their sbatch line names ("(other)" where it names none). A step's line (an id with
+    a dot) is skipped: its job's line sums its steps."""
+    def job(line: str) -> tuple[str, float]:
+        job_id, cpu, submit_line = line.split("|", 2)
+        if "." in job_id:
+            return "", 0.0
+        found = TEST_DIR.search(submit_line)
+        return (found.group(1) if found else "(other)"), cpu_time(cpu)
+    used: dict[str, float] = defaultdict(float)
+    for name, seconds in parse_each(read_lines(path, "Slurm jobs' CPU"), job, "sacct line"):
+        if name:
+            used[name] += seconds
+    return used
+
+
 def module_of(classname: str) -> str:
     """tests.e2e.test_x.TestClass -> tests/e2e/test_x.py (a class name is dropped)."""
     parts = classname.split(".")
@@ -129,6 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--top", type=int, default=25, help="modules listed (the slowest first)")
     parser.add_argument("--cpu", type=Path, help="/proc/stat samples taken while the tests ran")
     parser.add_argument("--daemons", type=Path, help="the clusters' daemons' CPU seconds")
+    parser.add_argument("--jobs", type=Path, help="sacct lines of the Slurm jobs: JobIDRaw|TotalCPU|SubmitLine")
     args = parser.parse_args(argv)
 
     phases = read_phases(args.phases)
@@ -144,24 +180,34 @@ def main(argv: list[str] | None = None) -> int:
         print("\n== the clusters' daemons' own CPU (not their jobs'), summed by name")
         print(table([(n, f"{s:.0f}") for n, s in sorted(daemons.items(), key=lambda kv: -kv[1])],
                     ("daemon", "seconds")))
+    if args.jobs and (jobs := read_jobs(args.jobs)):
+        ranked = sorted(jobs.items(), key=lambda kv: -kv[1])
+        print(f"\n== the Slurm jobs' CPU: {sum(jobs.values()):.0f} core-seconds; by test directory, "
+              f"the {min(args.top, len(ranked))} largest of {len(ranked)}")
+        print(table([(name, f"{s:.0f}") for name, s in ranked[:args.top]], ("test directory", "cpu")))
     cases = [case for report in args.junit for case in read_cases(report)]
     if not cases:
         return 0
-    tiers, modules = defaultdict(lambda: [0.0, 0]), defaultdict(lambda: [0.0, 0, ""])
+    tiers, modules = defaultdict(lambda: [0.0, 0, 0.0]), defaultdict(lambda: [0.0, 0, "", 0.0])
     for case in cases:
         tiers[case["tier"]][0] += case["seconds"]
         tiers[case["tier"]][1] += case["outcome"] != "skipped"
+        tiers[case["tier"]][2] += case["cpu"]
         entry = modules[case["module"]]
         entry[0] += case["seconds"]
         entry[1] += case["outcome"] != "skipped"
         entry[2] = case["tier"] if entry[2] in ("", case["tier"]) else "mixed"
-    print("\n== tests by tier (seconds summed over the tests of a tier; lanes run side by side)")
-    print(table([(t, n, f"{s:.0f}", minutes(s)) for t, (s, n) in sorted(tiers.items(), key=lambda kv: -kv[1][0])],
-                ("tier", "tests run", "seconds", "")))
-    ranked = sorted(modules.items(), key=lambda kv: -kv[1][0])
-    print(f"\n== the {min(args.top, len(ranked))} slowest of {len(ranked)} modules")
-    print(table([(m, tier, n, f"{s:.0f}") for m, (s, n, tier) in ranked[:args.top]],
-                ("module", "tier", "tests run", "seconds")))
+        entry[3] += case["cpu"]
+    print("\n== tests by tier (seconds summed over the tests of a tier; lanes run side by side;")
+    print("   cpu: core-seconds of pytest and the processes it waited for, not Slurm jobs' ranks)")
+    print(table([(t, n, f"{s:.0f}", minutes(s), f"{c:.0f}")
+                 for t, (s, n, c) in sorted(tiers.items(), key=lambda kv: -kv[1][0])],
+                ("tier", "tests run", "seconds", "", "cpu")))
+    for key, what in ((0, "slowest"), (3, "most CPU")):
+        ranked = sorted(modules.items(), key=lambda kv: -kv[1][key])
+        print(f"\n== the {min(args.top, len(ranked))} {what} of {len(ranked)} modules")
+        print(table([(m, tier, n, f"{s:.0f}", f"{c:.0f}") for m, (s, n, tier, c) in ranked[:args.top]],
+                    ("module", "tier", "tests run", "seconds", "cpu")))
     return 0
 
 

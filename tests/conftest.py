@@ -73,6 +73,32 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+_CPU_AT_START = pytest.StashKey[float]()
+
+
+def _cpu_seconds() -> float:
+    """CPU time of this process and of every process it started and waited for (ranks under a
+    driver under `cli`, mpirun's ranks): what a test costs a machine whose cores are all busy."""
+    import resource
+
+    return sum(u.ru_utime + u.ru_stime for u in (resource.getrusage(resource.RUSAGE_SELF),
+                                                  resource.getrusage(resource.RUSAGE_CHILDREN)))
+
+
+# The JUnit report carries each test's CPU seconds beside its wall time (setup, call and
+# teardown, as its time): CI is CPU-bound, so .ci/times.py ranks modules by both. A Slurm job's
+# ranks are slurmd's children, not ours: their CPU is in sacct, not here.
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    item.stash[_CPU_AT_START] = _cpu_seconds()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_makereport(item, call):
+    if call.when == "teardown" and _CPU_AT_START in item.stash:   # before its report is made
+        item.user_properties.append(("cpu_seconds", f"{_cpu_seconds() - item.stash[_CPU_AT_START]:.2f}"))
+
+
 def _unavailable(reason: str):
     if IN_CI:
         pytest.fail(f"{reason} (CI=true: the real component is required)")

@@ -29,3 +29,28 @@ def test_daemon_lines_are_summed_by_name_and_a_bad_line_is_skipped(tmp_path, cap
     assert times.read_daemons(tmp_path / "daemons.txt") == {"slurmd": 4.0, "slurmctld": 3.0}
     assert "skipped a daemon line" in capsys.readouterr().out
     assert times.read_daemons(tmp_path / "missing.txt") == {}
+
+
+def test_slurm_jobs_cpu_is_summed_by_the_test_directory_their_sbatch_line_names(tmp_path, capsys):
+    run = "/tmp/pytest-of-root/pytest-3/popen-gw1/test_requeue0/runs/smoke-1/.submitit"
+    (tmp_path / "jobs.txt").write_text(
+        f"12|01:02.500|sbatch {run}/submission.sh\n"             # requeued: two runs of one job
+        f"12|1-00:00:01|sbatch {run}/submission.sh\n"
+        "12.batch|1-00:00:01|\n"                                  # a step: in its job's line
+        "13|00:03.000|sbatch --wrap 'sleep 1'\n"
+        "15|00:04.000|sbatch /tmp/hpc_train-ci-slurm/popen-gw0/lifecycle0/a/submission.sh\n"
+        "14|garbled\n")
+    assert times.read_jobs(tmp_path / "jobs.txt") == {"test_requeue0": 62.5 + 86401, "(other)": 3.0,
+                                                          "lifecycle0": 4.0}
+    assert "skipped a sacct line" in capsys.readouterr().out
+
+
+def test_a_case_reads_its_cpu_seconds_and_a_report_without_them_reads_zero(tmp_path):
+    (tmp_path / "junit.xml").write_text(
+        '<testsuites><testsuite><testcase classname="tests.e2e.test_x" name="test_a" time="3.5">'
+        '<properties><property name="tier" value="slurm"/><property name="cpu_seconds" value="1.25"/>'
+        '</properties></testcase><testcase classname="tests.test_y" name="test_b" time="1"/>'
+        '</testsuite></testsuites>')
+    cases = times.read_cases(tmp_path / "junit.xml")
+    assert [(c["module"], c["tier"], c["cpu"]) for c in cases] == [
+        ("tests/e2e/test_x.py", "slurm", 1.25), ("tests/test_y.py", "?", 0.0)]
