@@ -48,7 +48,17 @@ class RunState:
         return sum(self.retries.get(cause, 0) for cause in events.FAILURE_CAUSES)
 
     def allows(self, from_hash: str | None, to_hash: str) -> bool:
-        return (from_hash, to_hash) in self.consented_specs
+        """Whether the user consented to go from spec `from_hash` to `to_hash`, at once or through
+        resumes in between: a resume with a change whose run died before its first checkpoint,
+        then another resume with a change (A -> B, then B -> C), consents to A -> C."""
+        reached, frontier = {from_hash}, [from_hash]
+        while frontier:
+            at = frontier.pop()
+            for start, end in self.consented_specs:
+                if start == at and end not in reached:
+                    reached.add(end)
+                    frontier.append(end)
+        return to_hash in reached
 
     def with_retry(self, cause: str) -> RunState:
         return replace(self, retries=_plus_one(self.retries, cause))

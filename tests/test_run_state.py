@@ -30,6 +30,15 @@ def test_a_run_without_a_state_starts_fresh_and_updates_are_kept(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == [".state.lock", "state.json"]  # no temp
 
 
+def test_consents_chain_across_resumes_whose_runs_saved_nothing():
+    # A -> B (a resume with a change; its run died before a checkpoint), then B -> C: the
+    # checkpoint still has spec A, and both changes were consented to.
+    state = RunState().with_consent("A", "B").with_consent("B", "C").with_consent("X", "Y")
+    assert state.allows("A", "B") and state.allows("A", "C") and state.allows("B", "C")
+    assert not state.allows("C", "A") and not state.allows("A", "Y") and not state.allows(None, "B")
+    assert RunState().with_consent(None, "B").allows(None, "B")     # a checkpoint with no spec hash
+
+
 def test_keys_of_another_version_are_kept_by_an_update(tmp_path):
     paths = RunPaths(tmp_path)
     paths.run_state.write_text(json.dumps({"retries": {"node_failure": 2}, "later_key": 3}))

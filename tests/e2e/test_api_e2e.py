@@ -1,11 +1,14 @@
 """README's "Python API" example, run as written against the real Slurm (its run root in tmp).
 
 It submits jobs/smoke.yaml, waits for it (bounded), reads its metrics and logs, finds it again
-by job id, and cancels a second submission. Then Run.resume on the real Slurm.
+by job id, and cancels a second submission. Then Run.resume of its run on the real Slurm.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
+import os
 import re
 
 import pytest
@@ -27,20 +30,31 @@ def readme_example() -> str:
     return blocks[0]
 
 
-def test_readme_python_example_runs_against_slurm(slurm_cluster, tmp_path, monkeypatch, capsys):
+@pytest.fixture(scope="module")
+def readme(slurm_cluster, tmp_path_factory):
+    """The README's example run as written, from the repository's root as a user runs it: its
+    namespace (run, final, other, ...) and what it printed."""
     code = readme_example()
     assert code.count(ROOT_LINE) == 1, f"the example sets its run root in one line: {ROOT_LINE}"
-    root = tmp_path / "runs"
-    monkeypatch.chdir(REPO)          # as a user runs it: from the repository's root
-    namespace: dict = {}
+    root = tmp_path_factory.mktemp("api") / "runs"
+    namespace: dict = {"__name__": "readme"}
+    printed = io.StringIO()
+    here = os.getcwd()
+    os.chdir(REPO)
     try:
-        exec(compile(code.replace(ROOT_LINE, f"root = {str(root)!r}"), "README.md", "exec"), namespace)
+        with contextlib.redirect_stdout(printed):
+            exec(compile(code.replace(ROOT_LINE, f"root = {str(root)!r}"), "README.md", "exec"), namespace)
     finally:
+        os.chdir(here)
         for run_dir in run_dirs(root) if root.is_dir() else []:
             if job_id := open_run(run_dir).job_id:
                 slurm_cluster.job_ids.append(job_id)      # cancelled at the end, whatever happened
+    return namespace, printed.getvalue().splitlines(), root
+
+
+def test_readme_python_example_runs_against_slurm(readme):
+    namespace, printed, root = readme
     run, final, other = namespace["run"], namespace["final"], namespace["other"]
-    printed = capsys.readouterr().out.splitlines()
     print("\n".join(printed))       # shown on failure
     assert final.state == "COMPLETED", describe_failure(run.paths)
     assert run.executor == "slurm" and printed[0] == repr(run) and f"job {run.job_id} (slurm)" in printed[0]
@@ -53,14 +67,12 @@ def test_readme_python_example_runs_against_slurm(slurm_cluster, tmp_path, monke
     assert other.status().state == "CANCELLED"
 
 
-def test_run_resume_goes_on_from_the_checkpoint_in_the_same_directory(slurm_cluster, tmp_path, monkeypatch):
-    import hpc_train
-
-    monkeypatch.chdir(REPO)
-    run = hpc_train.submit("jobs/smoke.yaml", [f"run.root={tmp_path}", "optim.epochs=1"])
-    slurm_cluster.job_ids.append(run.job_id)
-    first = run.wait(timeout=600)
+def test_run_resume_goes_on_from_the_checkpoint_in_the_same_directory(readme, slurm_cluster, monkeypatch):
+    """The README's run (one epoch, COMPLETED) resumed to two: the same Run follows the new job.
+    (Its own one-epoch run before; the README's serves, a job start less.)"""
+    run, first = readme[0]["run"], readme[0]["final"]
     assert first.state == "COMPLETED", describe_failure(run.paths)
+    monkeypatch.chdir(REPO)
     again = run.resume(["optim.epochs=2"], allow_spec_change=True)
     slurm_cluster.job_ids.append(again.job_id)
     assert again == run and again.job_id != first.job_id and run.job_id == again.job_id   # this Run follows

@@ -35,6 +35,9 @@ ACROSS = ["slurm.nodes=2", "slurm.tasks_per_node=1"]
 # first step, and one start was named stalled at 45 s), below the freeze tests' patience.
 NO_RETRY = ["checkpoint.retries_on_failure=0", "launch.restarts_in_job=0", "launch.stall_seconds=90"]
 SMOKE = "jobs/smoke.yaml"
+# One epoch of the smoke job (46 steps): its loss has fallen to a quarter by then, and the stops
+# below come at steps 10 and 30. (Two epochs before: 46 steps more per job that nothing read.)
+ONE_EPOCH, TOTAL_STEPS = "optim.epochs=1", 46
 PIPELINE = "jobs/transformer_pipeline_cpu.yaml"
 
 # name -> (spec, overrides, actor or None)
@@ -42,17 +45,17 @@ PIPELINE = "jobs/transformer_pipeline_cpu.yaml"
 SUBNET = "10.231.7.0/24"
 ON_SUBNET = {"mpirun-ddp", "srun-horovod"}
 PLAN: dict[str, tuple] = {
-    **{f"{method}-{backend}": (SMOKE, [f"launch.method={method}", f"parallel.backend={backend}",
+    **{f"{method}-{backend}": (SMOKE, [ONE_EPOCH, f"launch.method={method}", f"parallel.backend={backend}",
                                        *([f"launch.network_interface={SUBNET}"]
                                          if f"{method}-{backend}" in ON_SUBNET else [])], None)
        for method in ("mpirun", "srun") for backend in ("horovod", "ddp")},
     "pipeline": (PIPELINE, ["parallel.pipeline.stages=2", "optim.max_steps=24", "log.every_steps=4"],
                  None),
-    "stopped": (SMOKE, ["launch.method=srun", "checkpoint.every_steps=20", "log.every_steps=2"],
+    "stopped": (SMOKE, [ONE_EPOCH, "launch.method=srun", "checkpoint.every_steps=20", "log.every_steps=2"],
                 "stop_twice"),
-    **{f"raise-{method}": (SMOKE, [f"launch.method={method}", "launch.env.HPC_TRAIN_FAULT=raise:1:6",
+    **{f"raise-{method}": (SMOKE, [ONE_EPOCH, f"launch.method={method}", "launch.env.HPC_TRAIN_FAULT=raise:1:6",
                                    *NO_RETRY], None) for method in ("mpirun", "srun")},
-    **{f"freeze-{method}": (SMOKE, [f"launch.method={method}", "launch.env.HPC_TRAIN_FAULT=freeze:1:6",
+    **{f"freeze-{method}": (SMOKE, [ONE_EPOCH, f"launch.method={method}", "launch.env.HPC_TRAIN_FAULT=freeze:1:6",
                                     *NO_RETRY], None) for method in ("mpirun", "srun")},
 }
 
@@ -206,6 +209,6 @@ def test_a_rank_freezing_on_the_second_node_is_named_and_torn_down(name, jobs, s
     # its teardown: a rank on another node it could not end); the order of events, not a time.
     assert finished["status"] == "failed" and finished["time"] > stalled[0]["time"], finished
     assert finished["returncode"] != -signal.SIGKILL, finished
-    assert heartbeat_step(job.paths, 1) < 92
+    assert heartbeat_step(job.paths, 1) < TOTAL_STEPS
     out = cli("diagnose", str(job.paths.root), env=slurm_nodes.env)
     assert f"rank 1 on {second}" in out.stdout, out.stdout

@@ -3,9 +3,9 @@
 The multi-node cluster is configured as many sites are (env/slurm/start.sh: partition priority
 tiers, PreemptMode=REQUEUE, GraceTime=30 on the default partition `debug`; jobs of partition
 `urgent` preempt its jobs). Slurm signals the preempted job's *steps* at the grace's start and
-the batch step only at its end. Each job below runs jobs/smoke.yaml paced to at least 0.25 s a
-step, so that a run that heard nothing until the grace's end would train 120 steps more, past
-its end (92 steps). At step 12 an `urgent` job asks for one of its nodes, whole:
+the batch step only at its end. Each job below runs one epoch of jobs/smoke.yaml paced to at
+least 0.25 s a step, so that a run that heard nothing until the grace's end would train 120 steps
+more, past its end (46 steps). At step 12 an `urgent` job asks for one of its nodes, whole:
 
 - mpirun on one node: the driver's sentinel step hears SIGTERM and passes the agreed stop on;
 - srun on one node, and srun across two nodes: the ranks, a step, hear it themselves;
@@ -39,14 +39,16 @@ pytestmark = [pytest.mark.multinode, pytest.mark.slurm, pytest.mark.mpi, pytest.
 
 ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"}
 SMOKE = "jobs/smoke.yaml"
-TOTAL_STEPS = 92                     # jobs/smoke.yaml: 2 epochs of 46 steps
+# One epoch of jobs/smoke.yaml (46 steps): the stop comes by step 32, the rest is the resume's.
+# (Two epochs before: 46 more steps in each of the six jobs, which no assertion needed.)
+TOTAL_STEPS = 46
 PREEMPT_AT = 12
 # The ranks agree on a stop every 5 steps; the signal reaches them within a second or two (a few
 # 0.25 s steps). A grace heard at its end would come 120 steps later, after the run's end.
 HEARD_WITHIN_STEPS = 20
 PACED = ["launch.env.HPC_TRAIN_FAULT=pace:0.25", "log.every_steps=1"]
-ONE_NODE = ["slurm.nodes=1", "slurm.tasks_per_node=2"]
-TWO_NODES = ["slurm.nodes=2", "slurm.tasks_per_node=1"]
+ONE_NODE = ["slurm.nodes=1", "slurm.tasks_per_node=2", "optim.epochs=1"]
+TWO_NODES = ["slurm.nodes=2", "slurm.tasks_per_node=1", "optim.epochs=1"]
 PLAN = {
     "straight-one-node": [*ONE_NODE, "log.every_steps=1"],
     "straight-two-nodes": [*TWO_NODES, "log.every_steps=1"],
