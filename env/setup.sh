@@ -7,9 +7,11 @@
 # 1. System packages (root on Debian: installed with apt-get; otherwise: listed, with how to get them)
 # 2. .venv with torch (CPU build without a GPU), then this project with its test extras and
 #    DeepSpeed (extra `deepspeed`, for parallel.backend: deepspeed; pure Python, after torch);
-#    simplejpeg and the crop-region JPEG decoder (hpc_train/data/_cropjpeg.c, built in place)
+#    simplejpeg and the crop-region JPEG decoder (hpc_train/data/_cropjpeg.c, built in place);
+#    the optional extras: the trackers (wandb, mlflow) and transformers + datasets (examples/hf_lm)
 # 3. Horovod 0.28.1 built against that torch (cached wheel; see env/install-horovod.sh)
-# 4. Demo data (real JPEGs -> HDF5 shards under data/) for jobs/smoke.yaml
+# 4. Demo data (real JPEGs -> HDF5 shards under data/) for jobs/smoke.yaml, and text files
+#    (data/demo-text) for jobs/hf_lm.yaml
 # 5. As root, where no Slurm answers: the project's single-node Slurm, left running
 #    (env/slurm/start.sh; stop it with env/slurm/stop.sh), so `submit jobs/smoke.yaml` works next
 #
@@ -31,7 +33,7 @@ for arg in "$@"; do
         --no-horovod) horovod=0 ;;
         --no-deepspeed) deepspeed=0 ;;
         --no-slurm) slurm=0 ;;
-        -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
         *) echo "unknown option: $arg (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -108,7 +110,7 @@ read_versions() {
     while read -r name version; do have[$name]=$version; done < <("$py" - <<'PY'
 import importlib.metadata as metadata
 for name in ("torch", "hpc_train", "submitit", "h5py", "mpi4py", "deepspeed", "simplejpeg", "wandb",
-             "mlflow-skinny"):
+             "mlflow-skinny", "transformers", "datasets"):
     try:
         print(name, metadata.version(name))
     except metadata.PackageNotFoundError:
@@ -201,6 +203,19 @@ else
     say "trackers: wandb or mlflow did not install; log.trackers wandb and mlflow log nothing"
 fi
 
+# Hugging Face transformers and datasets (extra `hf`): what examples/hf_lm, a user's causal LM
+# (jobs/hf_lm.yaml), imports; hpc_train itself never does. Checked with `pip install --dry-run`
+# to change no installed package (torch, numpy). A failure is reported, not fatal: every other
+# job runs without them.
+if [ "${have[transformers]}" != - ] && [ "${have[datasets]}" != - ]; then
+    say "hugging face: transformers ${have[transformers]}, datasets ${have[datasets]} already installed"
+elif pip install -q "transformers~=5.25.0" "datasets~=5.2.0"; then
+    say "hugging face: transformers and datasets installed (examples/hf_lm, jobs/hf_lm.yaml)"
+    changed+=(huggingface)
+else
+    say "hugging face: transformers or datasets did not install; jobs/hf_lm.yaml cannot run"
+fi
+
 # The crop-region JPEG decoder (a C extension against the system libjpeg-turbo): rebuilt only
 # when its source or the interpreter changed; where it cannot build, simplejpeg or Pillow decode.
 if cropjpeg="$("$py" -m hpc_train.data.cropjpeg_build 2>&1)"; then
@@ -234,6 +249,17 @@ else
     "$py" -m hpc_train data shard --src "$demo/val" --labels "$demo/val_labels.txt" --split val \
         --classes "$shards/train/manifest.json" --out "$shards" --shard-size 500 >/dev/null
     changed+=(demo-data)
+fi
+
+# Text files of the generated corpus (data.kind text's sentences), for jobs that read text
+# through a dataset of their own (jobs/hf_lm.yaml).
+text="$root/data/demo-text"
+if [ -f "$text/train.txt" ] && [ -f "$text/val.txt" ]; then
+    say "demo text: $text ready"
+else
+    say "demo text: writing $text/train.txt and val.txt"
+    "$py" -m hpc_train data text --out "$text" >/dev/null
+    changed+=(demo-text)
 fi
 
 # ---------------------------------------------------------------- 5. a Slurm to submit to

@@ -91,6 +91,13 @@ def package_folder(reference: Reference, source: Path) -> Path:
     return source if depth == 1 else source.parents[depth - 2]
 
 
+def add_to_path(folders: Iterable[str]) -> None:
+    """Make the spec's `run.code` folders importable in this process (a rank, `evaluate`,
+    `export`), after what is on the path already: the run's code snapshot, which holds the
+    copies taken at submit, comes first where it is there."""
+    sys.path.extend(folder for folder in folders if folder not in sys.path)
+
+
 def load(text: str | Reference) -> Any:
     """Import the module (on a rank) and return the named attribute."""
     reference = text if isinstance(text, Reference) else parse(text)

@@ -6,6 +6,7 @@
         meta.json               step, epoch, spec hash, world size, time
         replicated.pt           state every rank shares (model, optimizer, scaler, schedule, sampler)
         rank-00000.pt           state that differs per rank (RNG streams)
+        stage-00000.pt          a pipeline stage's weights and optimizer (its blocks' names)
         sharded/                fsdp's model and optimizer, every rank's shards (DCP's format)
       .step-00001300.tmp/       a save in progress (or killed): never loaded, removed on next save;
                                 its files appear as NAME.partial, renamed to NAME once fsynced
@@ -38,6 +39,15 @@ def unloadable_dir_name(step: int) -> str:
 
 def rank_file_name(rank: int) -> str:
     return f"rank-{rank:05d}.pt"
+
+
+def stage_file_name(stage: int) -> str:
+    return f"stage-{stage:05d}.pt"
+
+
+def stage_files(directory: Path) -> list[Path]:
+    """A pipeline checkpoint's stage files, in stage order."""
+    return sorted(directory.glob("stage-[0-9]*.pt"))
 
 
 def complete_steps(names_with_marker: dict[str, bool]) -> list[int]:

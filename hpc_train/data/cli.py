@@ -108,6 +108,32 @@ def _tokenize(args: argparse.Namespace) -> int:
     return 0
 
 
+def _text(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from hpc_train.data.tokens import write_text_splits
+
+    written = write_text_splits(Path(args.out), args.bytes, args.val_bytes, args.seed)
+    for path in written:
+        print(f"wrote {path} ({path.stat().st_size:,} bytes)")
+    print(f"read them with your own dataset (data.kind: dataset), e.g. jobs/hf_lm.yaml's "
+          f"data.options.root: {args.out}")
+    return 0
+
+
+def _add_text(sub: argparse._SubParsersAction) -> None:
+    p = add_command(sub, "text", _text, help="write the generated English-like corpus as text files",
+                    description="OUT/train.txt and OUT/val.txt: the sentences data.kind text "
+                                "generates in memory (validation from the next seed), as plain "
+                                "files for a dataset of your own to read; deterministic from --seed.")
+    p.add_argument("--out", required=True, metavar="DIR")
+    p.add_argument("--bytes", type=positive_int, default=1 << 16, metavar="N",
+                   help="bytes of train.txt (default 65536)")
+    p.add_argument("--val-bytes", type=int, default=1 << 13, metavar="N",
+                   help="bytes of val.txt; 0 writes none (default 8192)")
+    p.add_argument("--seed", type=int, default=0, help="corpus seed (default 0)")
+
+
 def _add_tokenize(sub: argparse._SubParsersAction) -> None:
     p = add_command(sub, "tokenize", _tokenize, help="write byte-token HDF5 shards for the gpt model",
                     description="Bytes of the given text files (or a generated English-like "
@@ -162,6 +188,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     sub = data.add_subparsers(dest="data_command", metavar="DATA_COMMAND", required=True)
     _add_shard(sub)
     _add_tokenize(sub)
+    _add_text(sub)
 
     verify = add_command(sub, "verify", _verify, help="recheck checksums, attributes and every image",
                          description="Exit 0 when every shard matches its manifest and every "

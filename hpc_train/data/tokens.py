@@ -46,6 +46,20 @@ def generate_corpus(num_bytes: int, seed: int = 0) -> bytes:
     return "".join(parts).encode()[:num_bytes]
 
 
+def write_text_splits(out: Path, train_bytes: int, val_bytes: int, seed: int = 0) -> list[Path]:
+    """OUT/train.txt (`seed`) and OUT/val.txt (`seed + 1`, other sentences of the same language;
+    none for 0 bytes) of the generated corpus, each written whole or not at all."""
+    from hpc_train.rundir import write_atomic
+
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, size, split_seed in (("train.txt", train_bytes, seed), ("val.txt", val_bytes, seed + 1)):
+        if size > 0:
+            write_atomic(out / name, generate_corpus(size, split_seed))
+            written.append(out / name)
+    return written
+
+
 class TokenWindows(Dataset):
     """(input, target) int64 windows of `seq_len` over in-memory tokens."""
 

@@ -12,19 +12,22 @@ def _export(args: argparse.Namespace) -> int:
 
     done = export_run(args.run_dir, args.output, args.checkpoint, args.format)
     meta = done.meta
-    print(f"wrote {done.path}: {meta['model']} ({meta['num_classes']} classes, input "
-          f"{'x'.join(map(str, meta['input_size']))}) from step {done.step}, {args.format}")
+    what = (f"{meta['num_classes']} classes, input {'x'.join(map(str, meta['input_size']))}"
+            if meta["task"] == "classification" else f"task {meta['task']}")
+    print(f"wrote {done.path}: {meta['model']} ({what}) from step {done.step}, {args.format}")
     return 0
 
 
 def register(commands) -> None:
     parser = add_command(
-        commands, "export", _export, help="write a run's weights (torchvision names) and metadata to one file",
+        commands, "export", _export, help="write a run's weights (the model's own names) and metadata to one file",
         description="Write RUN_DIR's checkpoint (default: the latest complete one) as FILE: "
-                    "{'state_dict': weights with torchvision's names, 'meta': model, options, "
-                    "class names, input size, mean/std, spec hash, step}, readable with "
+                    "{'state_dict': weights with the model's own names (torchvision's for "
+                    "resnet*), 'meta': model (your reference for your own), options, task, class "
+                    "names, input size, mean/std, spec hash, step}, readable with "
                     "torch.load(FILE, weights_only=True); or TorchScript (--format torchscript). "
-                    "Rebuild it with hpc_train.export.load_exported(FILE). Image models only.")
+                    "Rebuild it with hpc_train.export.load_exported(FILE). The image models and "
+                    "your own (pipeline stages of it included); not gpt or DeepSpeed runs.")
     parser.add_argument("run_dir", metavar="RUN_DIR")
     parser.add_argument("-o", "--output", required=True, metavar="FILE", help="file to write")
     parser.add_argument("--checkpoint", type=positive_int, metavar="STEP",

@@ -31,6 +31,9 @@ def export_meta(spec, *, step: int, spec_hash: str, run_dir: str, class_names: l
         "format": FORMAT, "format_version": FORMAT_VERSION, "file_format": fmt,
         "hpc_train_version": __version__,
         "model": spec.model.name, "model_options": model_options(spec.model.name, spec.model.options),
+        # What the model computes (classification, causal_lm, own): the image fields below
+        # describe a classifier's input only.
+        "task": spec.task_kind.value,
         "num_classes": spec.data.num_classes, "class_names": list(class_names or []),
         "parameter_names": "torchvision",
         "input_size": [3, size, size],

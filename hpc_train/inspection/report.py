@@ -93,6 +93,18 @@ class Report:
             "unknown": self.unknown, "timeline": self.timeline}
 
 
+def _sample_name(spec: dict | None) -> str:
+    """What one sample of the run is: a token sequence for gpt, token data or a causal_lm task
+    (a user's language model), an image otherwise; from the spec's dict as written."""
+    def section(name: str) -> dict:
+        value = (spec or {}).get(name)
+        return value if isinstance(value, dict) else {}
+
+    language = (section("model").get("name") == "gpt" or section("task").get("name") == "causal_lm"
+                or section("data").get("kind") in ("text", "tokens"))
+    return "sequences" if language else "images"
+
+
 def _allocation(spec: dict | None) -> tuple[int | None, int | None]:
     """(CPUs, GPUs) the spec asks for over all nodes; None without a readable spec."""
     slurm = (spec or {}).get("slurm")
@@ -137,9 +149,8 @@ def build_report(paths: RunPaths, slurm: bool = True, now: float | None = None,
         unknown.append("GPU utilisation and memory: not sampled (" + (
             "no GPUs allocated" if usage.gpu_hours == 0 else
             "no NVML samples in gpu/: nvidia-ml-py not importable on the nodes, or no GPU visible") + ")")
-    model = ((spec or {}).get("model") or {}).get("name")
     report = Report(paths.root.name, job_ids, windows, usage, restarts, saves, seconds, last_step,
-                    per_step, gpu, now, "sequences" if model == "gpt" else "images",
+                    per_step, gpu, now, _sample_name(spec),
                     slowest(read_beats(paths.heartbeat, ev.start_time(events)), spec),
                     len(ev.named(events, ev.STRAGGLER)), counted, unknown,
                     stops=dict(run_state.read(paths).stops))

@@ -34,17 +34,24 @@ def _lines(spec) -> list[str]:
     import torch
 
     from hpc_train.models import build_model
+    from hpc_train.models.blocks import block_list, describe
     from hpc_train.spec.code_refs import named_code
     from hpc_train.train.data import own_dataset
     from hpc_train.usercode import load, load_step
 
     lines = []
+    model = None
     for key, text in named_code(spec):
         if key == "model.name":
             with torch.device("meta"):
                 model = build_model(text, spec.data.num_classes, spec.model.options)
             count = sum(p.numel() for p in model.parameters())
             lines.append(f"{key} {text}: {type(model).__name__}, {count:,} parameters")
+            if spec.uses_pipeline and spec.model.blocks is None:
+                # The stages cut the model's own children: it must be an nn.Sequential.
+                lines.append(f"pipeline: {describe(block_list(text, model, None))}")
+        elif key == "model.blocks":
+            lines.append(f"{key} {text}: {describe(block_list(spec.model.name, model, text))}")
         elif key == "data.dataset":
             sizes = []
             for split in ("train", "val"):
@@ -61,11 +68,20 @@ def _lines(spec) -> list[str]:
 
 def main(argv: list[str]) -> int:
     from hpc_train.spec import load_spec
+    from hpc_train.usercode import UserCodeError
 
     spec = load_spec(argv[0], argv[1:])
     sys.path[:0] = [str(Path.cwd()), *spec.run.code]      # as on a rank, without a snapshot
     try:
         lines = _lines(spec)
+    except UserCodeError as exc:
+        # Ours, about the user's code (a wrong signature, no blocks): one line; with the
+        # user's own exception as its cause, their traceback first.
+        if exc.__cause__ is not None:
+            print(traceback.format_exc().rstrip(), file=sys.stderr)
+        else:
+            print(exc, file=sys.stderr)
+        return 1
     except Exception:  # noqa: BLE001 - the user's failure, with their traceback, is the answer
         print(traceback.format_exc().rstrip(), file=sys.stderr)
         return 1

@@ -163,13 +163,14 @@ def run_rank(paths: RunPaths, identity, stop: StopFlag, heartbeat: Heartbeat) ->
         from hpc_train.spec import load_spec
         from hpc_train.train.checkpointing import StopForRequeue
         from hpc_train.train.trainer import Trainer
+        from hpc_train.usercode import add_to_path
 
         heartbeat.progress(phase=Phase.NETWORK)
         join_network(os.environ, identity.rank)
         written = load_spec(paths.spec)
         # The folders of the user's packages (run.code), after the run's code snapshot, which
         # holds the copies taken at submit and so comes first.
-        sys.path.extend(folder for folder in written.run.code if folder not in sys.path)
+        add_to_path(written.run.code)
         spec = start_spec(written, os.environ)
         data_root = shard_root(spec, paths, identity, heartbeat)
         heartbeat.progress(phase=Phase.BUILDING)

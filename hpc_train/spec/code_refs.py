@@ -19,7 +19,8 @@ from hpc_train.spec.schema import JobSpec
 
 def named_code(spec: JobSpec) -> list[tuple[str, str]]:
     """(key, reference) for every place the spec names the user's code."""
-    named = [("model.name", spec.model.name), ("optim.name", spec.optim.name),
+    named = [("model.name", spec.model.name), ("model.blocks", spec.model.blocks),
+             ("optim.name", spec.optim.name),
              ("data.dataset", spec.data.dataset), ("task.name", spec.task.name),
              ("task.eval", spec.task.eval)]
     return [(key, text) for key, text in named if usercode.looks_like_reference(text)]

@@ -56,9 +56,9 @@ class RunSpec:
                            check=values.check_path)
     seed: int = spec_field(0, doc="base random seed; each rank derives its own", ge=0)
     code: list[str] = spec_field(
-        doc="folders holding the packages your references (model.name, data.dataset, task.name, "
-        "optim.name) name, besides the submit directory; the snapshot taken at submit copies "
-        "those packages with ours", factory=list, each=values.check_path,
+        doc="folders holding the packages your references (model.name, model.blocks, "
+        "data.dataset, task.name, optim.name) name, besides the submit directory; the snapshot "
+        "taken at submit copies those packages with ours", factory=list, each=values.check_path,
         example=["examples/user_cnn"])
 
 
@@ -236,6 +236,13 @@ class ModelSpec:
         doc="the model's own options, as declared in its catalog entry (unset ones take the "
         "catalog's defaults); for your own model, its keyword arguments", factory=dict,
         declared_by=lambda model: options_of(model["name"]))
+    blocks: Optional[str] = spec_field(
+        None, doc="with parallel.pipeline.stages > 1 and your own model: package.module:callable "
+        "called as blocks(model) on the built model, returning its blocks in order (nn.Modules "
+        "whose composition is the forward: the first takes the token ids, each maps one tensor "
+        "to one tensor, the last returns the logits); the stages cut this list. null: the "
+        "model's children if it is an nn.Sequential", check=values.check_reference,
+        example="my_lab.models:blocks")
 
 
 class TaskKind(str, Enum):
@@ -313,7 +320,8 @@ class PipelineSpec:
         "K micro-batches of activations")
     balance: Union[Literal["auto", "time"], list[int]] = spec_field(
         "auto", doc="blocks per stage: auto (by parameter count), time (by timing each block on "
-        "one micro-batch), or a list [n0, n1, ...] over the gpt block list (layers + 2)",
+        "one micro-batch), or a list [n0, n1, ...] over the gpt block list (layers + 2) or "
+        "your model's blocks (model.blocks)",
         example="[3, 3]")
     remat: bool = spec_field(False, doc="rematerialization: recompute activations in backward "
                              "(far less memory for about a third more compute)")
@@ -559,8 +567,9 @@ class JobSpec:
     def parallelism(self) -> Parallelism:
         """FSDP for parallel.backend fsdp and DeepSpeed's engine for deepspeed (stages > 1 is
         refused by a rule for both; gpt runs whole on every rank); else the pipeline for
-        stages > 1 or a block-list model (gpt; one stage is then plain data parallelism of the
-        block list), data parallelism for the rest."""
+        stages > 1 (gpt's block list, or your model's blocks: model.blocks) or a block-list
+        model (gpt; one stage is then plain data parallelism of the block list), data
+        parallelism for the rest."""
         if self.parallel.backend == "fsdp":
             return Parallelism.FSDP
         if self.parallel.backend == "deepspeed":

@@ -23,10 +23,12 @@ def eval_needs_own_step(spec: JobSpec) -> Iterator[Problem]:
 def task_fits_model_and_data(spec: JobSpec) -> Iterator[Problem]:
     kind, block_list = spec.task_kind, model_entry(spec.model.name).block_list
     if kind is TaskKind.OWN and (block_list or spec.uses_pipeline):
+        fix = ("set task.name: causal_lm, or parallel.pipeline.stages: 1" if spec.uses_pipeline
+               else "set task.name: causal_lm (or auto), or name your own model in model.name")
         yield Problem("task.name", f"{spec.task.name!r} with model.name {spec.model.name!r}",
-                      "your own step takes the whole model, and the gpt block list trains in "
-                      "pipeline stages, whose loss is the next-token one", "set task.name: causal_lm "
-                      "(or auto), or name your own model in model.name")
+                      "your own step takes the whole model, and the gpt block list (or your "
+                      "model's blocks) trains in pipeline stages, whose loss is the next-token one",
+                      fix)
     elif kind is TaskKind.CLASSIFICATION and (block_list or spec.data.kind in TOKEN_KINDS):
         yield Problem("task.name", f"'classification' with model.name {spec.model.name!r} and "
                       f"data.kind {spec.data.kind!r}", "a language model on token sequences "

@@ -25,7 +25,7 @@ from hpc_train.parallel.deepspeed_config import engine_config
 from hpc_train.parallel.deepspeed_engine import EngineShards, start_engine
 from hpc_train.train.optim import build_optimizer
 from hpc_train.train.precision import Precision
-from hpc_train.train.sharded_model import build_job_model, evaluate_in_step
+from hpc_train.train.sharded_model import BlankInput, build_job_model, evaluate_in_step
 from hpc_train.train.state import CheckpointedState, ModelBuffers
 from hpc_train.train.timing import NO_CLOCK
 
@@ -65,6 +65,7 @@ class DeepSpeedParts:
         # Autocast only: fp16 (a loss scaler) is refused at validate for this backend.
         self.precision = Precision(spec.precision.mode, device)
         self.task = task_for(spec, device)
+        self.blank = BlankInput()      # a rank without validation batches forwards one like it
         self.shape = ZeroShape(identity.size, spec.parallel.deepspeed.stage)
 
     def states(self) -> CheckpointedState:
@@ -78,6 +79,7 @@ class DeepSpeedParts:
     def train_step(self, micro_batches, clock=NO_CLOCK) -> tuple[float, bool]:
         """One optimizer step: (this rank's mean loss of the micro-batches, applied)."""
         engine, passes = self.engine, len(micro_batches)
+        self.blank.see(micro_batches[0][0])
         total = 0.0
         for i, (inputs, targets) in enumerate(micro_batches):
             engine.set_gradient_accumulation_boundary(i == passes - 1)
@@ -93,5 +95,5 @@ class DeepSpeedParts:
     def evaluate(self, val_batches, tick) -> torch.Tensor:
         """This rank's (loss sum, correct, count); every forward in step with the other ranks'
         (ZeRO-3 gathers the parameters in each)."""
-        return evaluate_in_step(self.engine, self.task, self.spec, self.device, val_batches,
-                                self.precision.autocast, tick, self.backend.allreduce_sum)
+        return evaluate_in_step(self.engine, self.task, val_batches, self.blank, self.precision.autocast,
+                                tick, self.backend.allreduce_sum)

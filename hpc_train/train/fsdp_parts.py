@@ -19,7 +19,7 @@ from hpc_train.models import shard_units
 from hpc_train.parallel.fsdp import FsdpBackend, local_numel
 from hpc_train.train.optim import build_optimizer
 from hpc_train.train.precision import Precision
-from hpc_train.train.sharded_model import build_job_model, evaluate_in_step
+from hpc_train.train.sharded_model import BlankInput, build_job_model, evaluate_in_step
 from hpc_train.train.state import CheckpointedState, ModelBuffers
 from hpc_train.train.step import optimizer_step
 from hpc_train.train.task import task_for
@@ -44,6 +44,7 @@ class FsdpParts:
         self.precision = Precision(spec.precision.mode, device, spec.precision.loss_scale,
                                    spec.precision.init_scale, sharded=True)
         self.task = task_for(spec, device)
+        self.blank = BlankInput()      # a rank without validation batches forwards one like it
         if identity.is_main:
             log.info("fsdp: %d ranks, %d parameters on this rank of %d, %d units of %s and the "
                      "root", identity.size, local_numel(self.model),
@@ -58,10 +59,11 @@ class FsdpParts:
             sharded=ShardedModelState(self.model, self.optimizer))
 
     def train_step(self, micro_batches, clock=NO_CLOCK) -> tuple[float, bool]:
+        self.blank.see(micro_batches[0][0])
         return optimizer_step(self.model, self.optimizer, micro_batches, self.task.loss,
                               self.precision, self.backend, self.spec.optim.grad_clip, clock)
 
     def evaluate(self, val_batches, tick) -> torch.Tensor:
         """This rank's (loss sum, correct, count); every forward in step with the other ranks'."""
-        return evaluate_in_step(self.model, self.task, self.spec, self.device, val_batches,
-                                self.precision.autocast, tick, self.backend.allreduce_sum)
+        return evaluate_in_step(self.model, self.task, val_batches, self.blank, self.precision.autocast,
+                                tick, self.backend.allreduce_sum)

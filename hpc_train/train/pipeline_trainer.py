@@ -2,9 +2,9 @@
 
 Everything around the step is the `Trainer`'s: epochs, stop agreement, requeue, checkpoint
 cadence, logging, heartbeats. What differs is provided here: the model is this rank's stage of
-the gpt block list, all ranks of one pipeline read the same samples (the layout's data part),
-the loss lives on the last stage, and each stage checkpoints its own weights and optimizer
-(written once per stage, by replica 0).
+a block list (gpt's, or the user's model cut at its blocks: models/blocks.py), all ranks of one
+pipeline read the same samples (the layout's data part), the loss lives on the last stage, and
+each stage checkpoints its own weights and optimizer (written once per stage, by replica 0).
 """
 
 from __future__ import annotations
@@ -13,8 +13,11 @@ import logging
 
 import torch
 
+from hpc_train.checkpoint import layout
 from hpc_train.errors import CheckpointMismatch
-from hpc_train.models import build_model
+from hpc_train.models.blocks import block_list
+from hpc_train.train.data import own_dataset
+from hpc_train.train.sharded_model import build_job_model
 from hpc_train.train.task import CausalLm
 from hpc_train.parallel.data_parallel import init_torch_distributed
 from hpc_train.parallel.pipeline.engine import PipelineConfig, PipelineEngine
@@ -24,10 +27,6 @@ from hpc_train.train.optim import build_optimizer
 from hpc_train.train.state import CheckpointedState
 
 log = logging.getLogger("hpc_train.trainer")
-
-
-def stage_file(stage: int) -> str:
-    return f"stage-{stage:05d}.pt"
 
 
 class StageCut:
@@ -60,6 +59,16 @@ class StageWeights:
         self.module.load_block_state_dict(state)
 
 
+def example_micro_batch(spec, micro: int) -> torch.Tensor:
+    """One micro-batch of token ids to time the blocks on (balance: time): random ids of the
+    spec's vocabulary and sequence length, or the first training input of the user's dataset
+    repeated (its sequence length is the dataset's own)."""
+    if spec.data.kind == "dataset":
+        inputs, _ = own_dataset(spec, "train")[0]
+        return torch.as_tensor(inputs).unsqueeze(0).repeat_interleave(micro, 0)
+    return torch.randint(spec.data.vocab_size, (micro, spec.data.seq_len))
+
+
 class PipelineParts:
     """The `TrainingParts` of a pipeline job: this rank's stage, the schedule's step."""
 
@@ -69,7 +78,7 @@ class PipelineParts:
         self.layout = spec.layout
         init_torch_distributed(identity.rank, identity.size, device)
         torch.manual_seed(spec.run.seed)   # every rank builds the same full model, keeps a stage
-        full = build_model("gpt", spec.data.vocab_size, spec.model.options, seq_len=spec.data.seq_len)
+        full = block_list(spec.model.name, build_job_model(spec), spec.model.blocks)
         balance = pipe.balance if isinstance(pipe.balance, str) else tuple(pipe.balance)
         earlier = run_state.read(paths).pipeline_cut if balance == "time" else None
         if earlier:
@@ -79,7 +88,7 @@ class PipelineParts:
         config = PipelineConfig(pipe.stages, pipe.microbatches, pipe.schedule, balance, pipe.remat,
                                 spec.parallel.backend)
         micro = spec.data.batch_size // pipe.microbatches
-        example = torch.randint(spec.data.vocab_size, (micro, spec.data.seq_len))
+        example = example_micro_batch(spec, micro) if balance == "time" else None
         self.precision = AgreedLossScaler(spec.precision.mode, spec.precision.loss_scale,
                                           spec.precision.init_scale)
         # A pipeline trains causal_lm (spec/task_rules.py): its loss on the last stage, its
@@ -104,7 +113,7 @@ class PipelineParts:
         in the stage's own file, written by replica 0 of the stage; RNG streams per rank."""
         return CheckpointedState(
             replicated={"stage_sizes": StageCut(self.engine.sizes), "precision": self.precision},
-            files={stage_file(self.engine.stage_index): {
+            files={layout.stage_file_name(self.engine.stage_index): {
                 "model": StageWeights(self.engine.module), "optimizer": self.optimizer}},
             writes_files=self.engine.replica == 0)
 

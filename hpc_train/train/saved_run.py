@@ -1,9 +1,11 @@
 """A run's checkpoint opened for inference (`evaluate`, `export`): the model, as trained.
 
 Read-only: nothing is created or changed in the run directory. The component names read here
-("model", "buffers") are the ones `DataParallelParts.states` saves (train/trainer.py).
-Data-parallel runs only: pipeline runs (gpt) hold one checkpoint file per stage, and are refused
-with a message that says where their validation figures are.
+("model", "buffers") are the ones `DataParallelParts.states` saves (train/trainer.py), and for
+a pipeline run of the user's own model each stage file's "model" (train/pipeline_trainer.py),
+whose blocks' names load through the model's block list into the model's own names
+(models/blocks.py). gpt runs are refused with a message that says where their validation
+figures are.
 """
 
 from __future__ import annotations
@@ -18,8 +20,10 @@ from hpc_train.checkpoint.manager import CheckpointManager
 from hpc_train.checkpoint.sharded import whole_state
 from hpc_train.errors import CheckpointError, UsageError
 from hpc_train.models import build_model
+from hpc_train.models.blocks import block_list
 from hpc_train.parallel.layout import Parallelism
 from hpc_train.rundir import RunPaths
+from hpc_train.usercode import add_to_path
 
 
 def open_run(run_dir: str | Path):
@@ -31,6 +35,7 @@ def open_run(run_dir: str | Path):
         raise UsageError(f"{run_dir} is not a run directory: it has no {paths.spec.name}. "
                          "Fix: give a directory that `submit` created (runs/<name>-<stamp>)")
     spec = load_spec(paths.spec)
+    add_to_path(spec.run.code)     # the user's model is built from their package, as on a rank
     if spec.parallelism is Parallelism.DEEPSPEED:
         raise UsageError(f"{run_dir} trains with DeepSpeed ZeRO: its checkpoints are DeepSpeed's "
                          "shards, which evaluate and export do not read yet. Its validation loss "
@@ -72,9 +77,16 @@ class SavedCheckpoint:
         except (OSError, ValueError) as exc:
             raise CheckpointError(f"cannot read {self.directory / layout.META}: {exc}") from None
         sharded = self._files.sharded_part(step)
-        # An fsdp run's model is in its sharded part (every rank's shards), gathered here.
-        self.weights = (whole_state(sharded)["model"] if sharded is not None
-                        else self._files.load_file(step, layout.REPLICATED)["model"])
+        self.staged = spec.parallelism is Parallelism.PIPELINE
+        # An fsdp run's model is in its sharded part (every rank's shards), gathered here; a
+        # pipeline run's in its stage files, each under its blocks' names.
+        if self.staged:
+            self.weights = {name: tensor for path in layout.stage_files(self.directory)
+                            for name, tensor in self._files.load_file(step, path.name)["model"].items()}
+        elif sharded is not None:
+            self.weights = whole_state(sharded)["model"]
+        else:
+            self.weights = self._files.load_file(step, layout.REPLICATED)["model"]
 
     @property
     def world_size(self) -> int:
@@ -95,8 +107,11 @@ class SavedCheckpoint:
         """The model with the saved weights and rank 0's buffers, or `rank`'s."""
         spec = self.spec
         model = build_model(spec.model.name, spec.data.num_classes, spec.model.options)
+        # A pipeline run's blocks share the model's modules: loaded through them, the weights
+        # land in the model under its own names.
+        target = block_list(spec.model.name, model, spec.model.blocks) if self.staged else model
         try:
-            model.load_state_dict(self.weights)
+            target.load_state_dict(self.weights)
         except RuntimeError as exc:
             first = str(exc).strip().splitlines()[0:2]
             raise CheckpointError(f"{self.directory}: the weights do not fit model "

@@ -136,10 +136,13 @@ def parts_for(layout: ParallelLayout) -> PartsFactory:
 
 
 def throughput(spec, steps: int, elapsed: float) -> dict[str, float]:
-    """Samples per second, named by what a sample is: an image, or a token sequence (and tokens)."""
+    """Samples per second, named by what a sample is: an image, or a token sequence (and tokens;
+    a causal_lm dataset of the user's says its sequences' length itself, so sequences only)."""
     samples = spec.samples_per_step * steps / elapsed
     if spec.data.kind in TOKEN_KINDS:
         return {"samples_per_s": samples, "tokens_per_s": samples * spec.data.seq_len}
+    if spec.task_kind is TaskKind.CAUSAL_LM:
+        return {"samples_per_s": samples}
     return {"images_per_s": samples}
 
 

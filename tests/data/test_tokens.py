@@ -109,3 +109,18 @@ def test_truncated_or_corrupt_shards_raise_data_errors(shards, tmp_path):
 def test_tokenize_refuses_a_missing_input(tmp_path):
     result = cli("data", "tokenize", str(tmp_path / "nope.txt"), "--out", str(tmp_path / "o"))
     assert result.returncode == 6 and "nope.txt" in result.stderr
+
+
+def test_data_text_writes_the_generated_corpus_as_text_files(tmp_path, capsys):
+    """What env/setup.sh writes for the example of a dataset of the user's own (jobs/hf_lm.yaml):
+    the corpus of data.kind text, train from the seed, val from the next one."""
+    from hpc_train.cli import main
+
+    assert main(["data", "text", "--out", str(tmp_path / "t"), "--bytes", "3000",
+                 "--val-bytes", "500", "--seed", "2"]) == 0
+    assert (tmp_path / "t/train.txt").read_bytes() == generate_corpus(3000, 2)
+    assert (tmp_path / "t/val.txt").read_bytes() == generate_corpus(500, 3)
+    assert "train.txt (3,000 bytes)" in capsys.readouterr().out
+    assert main(["data", "text", "--out", str(tmp_path / "u"), "--val-bytes", "0"]) == 0
+    assert sorted(p.name for p in (tmp_path / "u").iterdir()) == ["train.txt"]
+    assert len((tmp_path / "u/train.txt").read_bytes()) == 1 << 16

@@ -296,3 +296,14 @@ def test_report_of_a_run_that_never_started(tmp_path, monkeypatch):
     report = build_report(paths, now=10)
     assert report.windows == [] and report.usage.core_hours == 0 and report.samples_per_hour is None
     assert any("never started" in line for line in report.unknown) and not paths.timeline.exists()
+
+
+@pytest.mark.parametrize("spec, name", [
+    ({"model": {"name": "gpt"}}, "sequences"), ({"data": {"kind": "text"}}, "sequences"),
+    ({"model": {"name": "hf_lm.model:byte_gpt2"}, "task": {"name": "causal_lm"}}, "sequences"),
+    ({"model": {"name": "resnet50"}}, "images"), (None, "images"), ({"task": "odd"}, "images"),
+])
+def test_a_sample_is_a_sequence_for_a_language_model_and_an_image_otherwise(spec, name):
+    from hpc_train.inspection.report import _sample_name
+
+    assert _sample_name(spec) == name

@@ -7,7 +7,8 @@ import itertools
 
 import pytest
 
-from hpc_train.parallel.pipeline.balance import balance_blocks, bubble_fraction, stage_bounds
+from hpc_train.parallel.pipeline.balance import (balance_blocks, bubble_fraction, cut_problem,
+                                                 stage_bounds)
 from hpc_train.parallel.layout import LayoutError, Parallelism, ParallelLayout
 from hpc_train.spec import spec_from_dict
 from hpc_train.spec.pipeline_rules import gpt_blocks
@@ -78,6 +79,25 @@ def test_balance_of_a_gpt_like_list_gives_the_big_ends_their_own_stages():
 def test_balance_refuses_impossible_cuts():
     with pytest.raises(ValueError, match="non-empty"):
         balance_blocks([1, 1], 3)
+
+
+@pytest.mark.parametrize("blocks, stages, balance, words", [
+    (4, 2, "auto", None), (4, 4, "time", None), (4, 2, [1, 3], None), (2, 2, [1, 1], None),
+    (3, 4, "auto", "parallel.pipeline.stages 4 with 3 blocks: every stage needs a block. Fix: "
+                   "use at most 3 stages"),
+    (4, 2, [2, 3], "parallel.pipeline.balance [2, 3] with 2 stages and 4 blocks: one block count "
+                   ">= 1 per stage, summing to the blocks. Fix: set parallel.pipeline.balance: [2, 2]"),
+    (4, 2, [4, 0], "Fix: set parallel.pipeline.balance: [2, 2]"),
+    (5, 3, [5], "Fix: set parallel.pipeline.balance: [2, 2, 1]"),
+    (2, 3, [1, 1, 0], "Fix: set parallel.pipeline.balance: auto"),
+])
+def test_a_cut_the_blocks_cannot_take_is_one_line_naming_the_key(blocks, stages, balance, words):
+    """What the ranks check once a user's model is built and its blocks are counted."""
+    problem = cut_problem(blocks, stages, balance)
+    if words is None:
+        assert problem is None
+    else:
+        assert words in problem and "\n" not in problem, problem
 
 
 def test_bubble_formula():

@@ -57,6 +57,25 @@ def balance_blocks(costs: Sequence[float], stages: int) -> list[int]:
     return _cut(ints, stages, low)
 
 
+def cut_problem(blocks: int, stages: int, balance: str | Sequence[int]) -> str | None:
+    """Why `balance` (auto, time, or blocks per stage) cannot cut a list of `blocks` blocks
+    into `stages` stages, as one line with its fix; None when it can. The spec's rules say it
+    on the login node for gpt; a user's blocks are counted only where the model is built."""
+    if isinstance(balance, str):
+        if stages <= blocks:
+            return None
+        return (f"parallel.pipeline.stages {stages} with {blocks} blocks: every stage needs a "
+                f"block. Fix: use at most {blocks} stages, or a model of more blocks")
+    sizes = list(balance)
+    if len(sizes) == stages and min(sizes, default=0) >= 1 and sum(sizes) == blocks:
+        return None
+    even = [blocks // stages + (i < blocks % stages) for i in range(stages)]
+    fix = even if min(even) > 0 else "auto"
+    return (f"parallel.pipeline.balance {sizes} with {stages} stages and {blocks} blocks: one "
+            f"block count >= 1 per stage, summing to the blocks. Fix: set "
+            f"parallel.pipeline.balance: {fix}")
+
+
 def stage_bounds(sizes: Sequence[int]) -> list[tuple[int, int]]:
     """[start, end) block indices of each stage."""
     return [(end - size, end) for size, end in zip(sizes, itertools.accumulate(sizes))]

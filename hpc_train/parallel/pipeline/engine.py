@@ -18,7 +18,7 @@ from torch import nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
 from hpc_train.parallel.data_parallel import TorchCollectives
-from hpc_train.parallel.pipeline.balance import balance_blocks, stage_bounds
+from hpc_train.parallel.pipeline.balance import balance_blocks, cut_problem, stage_bounds
 from hpc_train.parallel.pipeline.groups import replica_average
 from hpc_train.parallel.layout import ParallelLayout
 from hpc_train.parallel.pipeline.scaler import AgreedLossScaler
@@ -41,7 +41,12 @@ def choose_sizes(full: nn.Sequential, config: PipelineConfig, example: torch.Ten
     """Blocks per stage: given, by parameter count ("auto"), or by timing on rank 0 ("time").
 
     Timings differ between ranks, so rank 0 decides and broadcasts: every rank must cut alike.
+    A cut that cannot be made (a user's model has fewer blocks than stages, a balance list of
+    another sum) is a ValueError in one line, the same on every rank.
     """
+    problem = cut_problem(len(full), config.stages, config.balance)
+    if problem:
+        raise ValueError(problem)
     if not isinstance(config.balance, str):
         return list(config.balance)
     if config.balance == "auto":
