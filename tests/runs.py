@@ -15,6 +15,16 @@ from hpc_train.runtime.heartbeat import read_beats
 from tests.conftest import REPO
 
 
+# The data workers' path (a forkserver per rank, which imports torch again, and the decoding handed
+# over to worker processes) is tested end to end where it is the subject or the shipped path as a
+# user runs it: test_lifecycle_e2e (the smoke job stopped three ways), test_submit_e2e,
+# test_user_code_e2e, test_resize_e2e, tests/train/test_resume_exact.py, test_data_workers. The
+# other end-to-end jobs are about requeue, preemption, restarts or nodes: they load in the rank.
+# CI is CPU-bound, and a 2-epoch smoke run costs about 4 core-seconds less so (25.7 -> 21.5,
+# measured on the whole machine; docs/testing.md).
+NO_WORKERS = "data.workers=0"
+
+
 def cli(*args: str, env=None, timeout: float = 600, cwd=REPO) -> subprocess.CompletedProcess:
     """`python -m hpc_train ARGS`. The timeout only catches a hang: in CI's three lanes on two
     cores, a submit of a DeepSpeed spec (its config checked against DeepSpeed's own keys, an

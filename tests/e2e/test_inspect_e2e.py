@@ -29,7 +29,7 @@ from hpc_train.launch.mpi import local_run_flags, parse_mpirun_version
 from hpc_train.rundir import RunPaths, append_jsonl
 from hpc_train.runtime.stop import STOP_EXIT
 from tests.conftest import REPO, heavy_requested
-from tests.runs import cli, describe_failure, drive, events, local_run, logged_step, schema_problems, submit
+from tests.runs import NO_WORKERS, cli, describe_failure, drive, events, local_run, logged_step, schema_problems, submit
 
 pytestmark = [pytest.mark.mpi, pytest.mark.horovod, pytest.mark.slow]
 
@@ -115,7 +115,7 @@ def _mpi_launch_error(root: Path) -> RunPaths:
 def runs(slurm_cluster, tmp_path_factory, request):
     root = tmp_path_factory.mktemp("inspect")
     # One epoch (46 steps): requeued after its first checkpoint, then trained to the end.
-    job_id, life = submit("jobs/smoke.yaml", root, "run.name=life", "optim.epochs=1",
+    job_id, life = submit("jobs/smoke.yaml", root, "run.name=life", "optim.epochs=1", NO_WORKERS,
                           "log.every_steps=4", "checkpoint.every_steps=12")
     slurm_cluster.job_ids.append(job_id)
     timelimit = RunPaths(root / "timelimit")

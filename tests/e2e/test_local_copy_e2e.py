@@ -9,7 +9,7 @@ import subprocess
 import pytest
 
 from tests.conftest import REPO
-from tests.runs import assert_trained, describe_failure, events, logged_step, submit, wait_for
+from tests.runs import NO_WORKERS, assert_trained, describe_failure, events, logged_step, submit, wait_for
 
 pytestmark = [pytest.mark.multinode, pytest.mark.slurm, pytest.mark.mpi, pytest.mark.slow]
 
@@ -23,7 +23,8 @@ def _copies(paths, since: float = 0.0) -> dict[str, dict]:
 def test_each_node_copies_once_keeps_across_a_requeue_and_replaces_a_damaged_copy(slurm_nodes, tmp_path):
     local = tmp_path / "local"
     place = f"{local}/$SLURMD_NODENAME"
-    common = ["slurm.nodes=2", "slurm.tasks_per_node=1", f"data.copy_to={place}", "log.every_steps=2"]
+    common = ["slurm.nodes=2", "slurm.tasks_per_node=1", f"data.copy_to={place}", "log.every_steps=2",
+              NO_WORKERS]
     job_id, paths = submit("jobs/smoke.yaml", tmp_path, "run.name=local-copy", *common, env=slurm_nodes.env)
     slurm_nodes.job_ids.append(job_id)
     first = wait_for(lambda: len(_copies(paths)) == 2 and _copies(paths), 300, "both nodes copied")

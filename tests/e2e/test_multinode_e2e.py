@@ -23,7 +23,7 @@ import pytest
 from hpc_train.inspection.logparse import rank_host, timed_lines
 from hpc_train.rundir import RunPaths, read_jsonl
 from tests.conftest import heavy_params, selected_plan
-from tests.runs import (assert_trained, cli, describe_failure, events, heartbeat_step, logged_step,
+from tests.runs import (NO_WORKERS, assert_trained, cli, describe_failure, events, heartbeat_step, logged_step,
                         submit, wait_for)
 
 pytestmark = [pytest.mark.multinode, pytest.mark.slurm, pytest.mark.mpi, pytest.mark.slow]
@@ -32,12 +32,14 @@ ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEM
 ACROSS = ["slurm.nodes=2", "slurm.tasks_per_node=1"]
 # stall_seconds: above the start-up of these ten jobs at once on the 8-node cluster (their 20
 # ranks and 20 data-worker servers importing torch on 2 cores: 33 to 49 s from the start to the
-# first step, and one start was named stalled at 45 s), below the freeze tests' patience.
+# first step, and one start was named stalled at 45 s; no data workers since), below the freeze
+# tests' patience.
 NO_RETRY = ["checkpoint.retries_on_failure=0", "launch.restarts_in_job=0", "launch.stall_seconds=90"]
 SMOKE = "jobs/smoke.yaml"
 # One epoch of the smoke job (46 steps): its loss has fallen to a quarter by then, and the stops
 # below come at steps 10 and 30. (Two epochs before: 46 steps more per job that nothing read.)
 ONE_EPOCH, TOTAL_STEPS = "optim.epochs=1", 46
+SMOKE_RUN = [ONE_EPOCH, NO_WORKERS]
 PIPELINE = "jobs/transformer_pipeline_cpu.yaml"
 
 # name -> (spec, overrides, actor or None)
@@ -45,17 +47,17 @@ PIPELINE = "jobs/transformer_pipeline_cpu.yaml"
 SUBNET = "10.231.7.0/24"
 ON_SUBNET = {"mpirun-ddp", "srun-horovod"}
 PLAN: dict[str, tuple] = {
-    **{f"{method}-{backend}": (SMOKE, [ONE_EPOCH, f"launch.method={method}", f"parallel.backend={backend}",
+    **{f"{method}-{backend}": (SMOKE, [*SMOKE_RUN, f"launch.method={method}", f"parallel.backend={backend}",
                                        *([f"launch.network_interface={SUBNET}"]
                                          if f"{method}-{backend}" in ON_SUBNET else [])], None)
        for method in ("mpirun", "srun") for backend in ("horovod", "ddp")},
     "pipeline": (PIPELINE, ["parallel.pipeline.stages=2", "optim.max_steps=24", "log.every_steps=4"],
                  None),
-    "stopped": (SMOKE, [ONE_EPOCH, "launch.method=srun", "checkpoint.every_steps=20", "log.every_steps=2"],
+    "stopped": (SMOKE, [*SMOKE_RUN, "launch.method=srun", "checkpoint.every_steps=20", "log.every_steps=2"],
                 "stop_twice"),
-    **{f"raise-{method}": (SMOKE, [ONE_EPOCH, f"launch.method={method}", "launch.env.HPC_TRAIN_FAULT=raise:1:6",
+    **{f"raise-{method}": (SMOKE, [*SMOKE_RUN, f"launch.method={method}", "launch.env.HPC_TRAIN_FAULT=raise:1:6",
                                    *NO_RETRY], None) for method in ("mpirun", "srun")},
-    **{f"freeze-{method}": (SMOKE, [ONE_EPOCH, f"launch.method={method}", "launch.env.HPC_TRAIN_FAULT=freeze:1:6",
+    **{f"freeze-{method}": (SMOKE, [*SMOKE_RUN, f"launch.method={method}", "launch.env.HPC_TRAIN_FAULT=freeze:1:6",
                                     *NO_RETRY], None) for method in ("mpirun", "srun")},
 }
 

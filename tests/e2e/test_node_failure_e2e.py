@@ -23,7 +23,7 @@ from hpc_train import run_state
 from hpc_train.spec import load_spec
 from tests.conftest import FEWEST_NODES, REPO, heavy_params
 from tests.ledger import assert_every_sample_once_in_order, kept_history, read_ledger
-from tests.runs import cli, describe_failure, events, submit, wait_for
+from tests.runs import NO_WORKERS, cli, describe_failure, events, submit, wait_for
 
 pytestmark = [pytest.mark.multinode, pytest.mark.slurm, pytest.mark.mpi, pytest.mark.slow]
 
@@ -33,7 +33,7 @@ ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEM
 # on any machine, instead of twelve epochs of CPU: about 37 s on the survivor (2 epochs at one
 # rank, ~147 steps left) and about 40 s on the spare (4 epochs at two ranks, ~164 steps left).
 JOB = ["slurm.tasks_per_node=1", "checkpoint.every_steps=20", "log.every_steps=5",
-       "launch.env.HPC_TRAIN_FAULT=pace:0.25"]
+       "launch.env.HPC_TRAIN_FAULT=pace:0.25", NO_WORKERS]
 SHAPES = {"spare": ["slurm.nodes=2", "slurm.spare_nodes=1", "optim.epochs=4"],
           "survivor": ["slurm.nodes=1-2", "optim.epochs=2"],
           "requeued": ["slurm.nodes=2", "optim.epochs=2"]}

@@ -25,7 +25,7 @@ from hpc_train.inspection import logs
 from hpc_train.rundir import RunPaths
 from hpc_train.runtime.heartbeat import beat_interval, read_beats
 from tests import inotify
-from tests.runs import cli, describe_failure, submit
+from tests.runs import NO_WORKERS, cli, describe_failure, submit
 
 pytestmark = [pytest.mark.multinode, pytest.mark.slurm, pytest.mark.mpi, pytest.mark.slow]
 
@@ -99,7 +99,7 @@ def test_a_job_writes_once_per_node_per_interval_and_stays_readable(slurm_nodes,
     # Directories of this name left by another cluster's job of the same id (each cluster numbers
     # its jobs from 1; a killed or preempted job leaves its own): not this job's to remove.
     before = set(Path("/dev/shm").glob("hpc_train-*"))
-    job_id, paths = submit("jobs/smoke.yaml", tmp_path, "run.name=node-writes",
+    job_id, paths = submit("jobs/smoke.yaml", tmp_path, "run.name=node-writes", NO_WORKERS,
                            f"slurm.nodes={nodes}", f"slurm.tasks_per_node={per_node}",
                            "parallel.backend=ddp", "launch.method=mpirun", f"launch.stall_seconds={STALL:g}",
                            "log.rank_logs=per_node", "optim.max_steps=30", "log.every_steps=5",

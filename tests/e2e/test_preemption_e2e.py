@@ -33,7 +33,7 @@ import pytest
 
 from hpc_train.rundir import RunPaths
 from hpc_train.spec import load_spec
-from tests.runs import cli, describe_failure, events, logged_step, submit, wait_for
+from tests.runs import NO_WORKERS, cli, describe_failure, events, logged_step, submit, wait_for
 
 pytestmark = [pytest.mark.multinode, pytest.mark.slurm, pytest.mark.mpi, pytest.mark.slow]
 
@@ -47,8 +47,8 @@ PREEMPT_AT = 12
 # 0.25 s steps). A grace heard at its end would come 120 steps later, after the run's end.
 HEARD_WITHIN_STEPS = 20
 PACED = ["launch.env.HPC_TRAIN_FAULT=pace:0.25", "log.every_steps=1"]
-ONE_NODE = ["slurm.nodes=1", "slurm.tasks_per_node=2", "optim.epochs=1"]
-TWO_NODES = ["slurm.nodes=2", "slurm.tasks_per_node=1", "optim.epochs=1"]
+ONE_NODE = ["slurm.nodes=1", "slurm.tasks_per_node=2", "optim.epochs=1", NO_WORKERS]
+TWO_NODES = ["slurm.nodes=2", "slurm.tasks_per_node=1", "optim.epochs=1", NO_WORKERS]
 PLAN = {
     "straight-one-node": [*ONE_NODE, "log.every_steps=1"],
     "straight-two-nodes": [*TWO_NODES, "log.every_steps=1"],

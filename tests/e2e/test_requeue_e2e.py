@@ -14,7 +14,7 @@ import subprocess
 import pytest
 
 from hpc_train.rundir import RunPaths
-from tests.runs import assert_trained, cli, describe_failure, events, submit
+from tests.runs import NO_WORKERS, assert_trained, cli, describe_failure, events, submit
 
 pytestmark = [pytest.mark.slurm, pytest.mark.mpi, pytest.mark.horovod, pytest.mark.slow]
 
@@ -34,7 +34,7 @@ ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEM
 # (Six unpaced epochs under a one-minute limit took 2-4 starts on an idle machine, 11 on a loaded
 # one.) The requeue budget is far above any machine's need: the budget has tests of its own
 # (tests/job/test_stop_requeue.py); this one is about stopping and resuming.
-COMMON = ["log.every_steps=4", "checkpoint.max_requeues=40"]
+COMMON = ["log.every_steps=4", "checkpoint.max_requeues=40", NO_WORKERS]
 TIMELIMIT = ["slurm.time=00:02:00", "slurm.signal_seconds=25", "optim.epochs=2",
              "launch.env.HPC_TRAIN_FAULT=pace:1.1", *COMMON]
 NOSIGNAL = ["slurm.time=00:01:00", "slurm.signal_seconds=25", "optim.epochs=1",

@@ -23,7 +23,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import pytest
 
 from hpc_train import run_state
-from tests.runs import (assert_same_training, describe_failure, events, known_beat, logged_step,
+from tests.runs import (NO_WORKERS, assert_same_training, describe_failure, events, known_beat, logged_step,
                         metrics_after, submit, wait_for)
 
 pytestmark = [pytest.mark.slurm, pytest.mark.mpi, pytest.mark.horovod, pytest.mark.slow]
@@ -33,7 +33,7 @@ TOTAL_STEPS = 92            # jobs/smoke.yaml: 2 epochs of 46 steps
 # Checkpoints at steps 25, 46 (the first epoch's end), 50, 75 and 92. Each kill waits for the
 # checkpoint it should resume from and for rank 0 to log a step after it; the next checkpoint is
 # 18 steps (the first) and 22 steps (the second) further: the kill lands well before it.
-EVERY = ["log.every_steps=1", "checkpoint.every_steps=25"]
+EVERY = ["log.every_steps=1", "checkpoint.every_steps=25", NO_WORKERS]
 # (the checkpoint the kill resumes from, the step rank 0 has logged when it comes)
 FIRST_KILL, SECOND_KILL = (25, 28), (50, 53)
 

@@ -10,7 +10,7 @@ import pytest
 
 from hpc_train import run_state
 from hpc_train.runtime.faults import EVENTS_FAULT_ENV
-from tests.runs import describe_failure, events, submit
+from tests.runs import NO_WORKERS, describe_failure, events, submit
 
 pytestmark = [pytest.mark.slurm, pytest.mark.mpi, pytest.mark.horovod, pytest.mark.slow]
 
@@ -19,7 +19,7 @@ ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEM
 
 def test_without_any_event_a_job_failing_every_run_is_retried_once(slurm_cluster, tmp_path):
     # Rank 1 raises at step 3 of every run: no checkpoint is due before it (every_steps: 50).
-    job_id, paths = submit("jobs/smoke.yaml", tmp_path, "run.name=no-events",
+    job_id, paths = submit("jobs/smoke.yaml", tmp_path, "run.name=no-events", NO_WORKERS,
                            "checkpoint.retries_on_failure=1", "launch.restarts_in_job=0",
                            "launch.env.HPC_TRAIN_FAULT=raise:1:3",
                            f"launch.env.{EVENTS_FAULT_ENV}=1", f"slurm.setup=[export {EVENTS_FAULT_ENV}=1]")

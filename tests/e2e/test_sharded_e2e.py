@@ -23,7 +23,7 @@ import pytest
 
 from hpc_train.rundir import read_jsonl
 from tests.conftest import heavy_requested
-from tests.runs import describe_failure, events, submit
+from tests.runs import NO_WORKERS, describe_failure, events, submit
 
 pytestmark = [pytest.mark.slurm, pytest.mark.mpi, pytest.mark.slow]
 
@@ -45,7 +45,8 @@ def _selected(ci: set[tuple[str, str]]) -> list:
 
 
 def _run(cluster, root, spec: str, backend: str, *more: str) -> dict:
-    job_id, paths = submit(SPECS[spec], root, f"run.name={spec}-{backend}", *BACKENDS[backend], *more,
+    loading = [NO_WORKERS] if spec == "smoke" else []
+    job_id, paths = submit(SPECS[spec], root, f"run.name={spec}-{backend}", *BACKENDS[backend], *loading, *more,
                            env=cluster.env)
     cluster.job_ids.append(job_id)
     return {"paths": paths, "state": cluster.wait_state(job_id, ENDED, timeout=1500)}
