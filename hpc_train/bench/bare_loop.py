@@ -3,7 +3,8 @@ backend, with none of the trainer's work around the step (no logging, checkpoint
 heartbeats, LR schedule or fault hooks, no loss read back to the host every step).
 
 It is the loop of the Horovod and PyTorch examples: a DataLoader over the same synthetic images
-(same workers and batch), autocast, GradScaler, and the backend's gradient averaging (DDP, or
+(or, for token models, the spec's own data; same workers and batch), the job's task's loss,
+autocast, GradScaler, and the backend's gradient averaging (DDP, or
 Horovod's DistributedOptimizer with an explicit synchronize, Horovod's AMP recipe). The same
 StepClock marks as the trainer's give it the same breakdown. The GPU protocol (`bench gpu`)
 runs it too, with channels_last and from HDF5 shards.
@@ -17,10 +18,11 @@ import torch
 from torch.utils.data import DataLoader, DistributedSampler
 
 from hpc_train.launch.identity import RankInfo
-from hpc_train.models import build_model
 from hpc_train.parallel.data_parallel import init_torch_distributed
 from hpc_train.train.data import shutdown_workers
 from hpc_train.train.optim import build_optimizer
+from hpc_train.train.sharded_model import build_job_model
+from hpc_train.train.task import task_for
 from hpc_train.train.timing import NO_CLOCK
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
@@ -63,7 +65,7 @@ class BareLoop:
         self.memory_format = torch.channels_last if channels_last else torch.contiguous_format
         torch.set_num_threads(spec.slurm.cpus_per_task)   # as the Trainer does
         torch.manual_seed(spec.run.seed)
-        model = build_model(spec.model.name, spec.data.num_classes, spec.model.options)
+        model = build_job_model(spec)       # as the trainer builds it: ours, or the user's
         model = model.to(device, memory_format=self.memory_format)
         optimizer = build_optimizer(spec.optim, model.parameters(), lr=spec.scaled_lr)
         if self.backend == "horovod":
@@ -82,7 +84,9 @@ class BareLoop:
         self.model, self.optimizer = model, optimizer
         self.compression = compression if self.backend == "horovod" else "none"
         self.scaler = torch.amp.GradScaler(device.type, enabled=self.precision == "fp16")
-        self.criterion = torch.nn.CrossEntropyLoss()
+        # The job's task's loss, as the trainer's: cross-entropy on classes for an image model,
+        # on next tokens for a causal LM, or the user's own step (train/task.py).
+        self.task = task_for(spec, device)
         self.loader, self.batches = batches, None
         clock.watch(model)
 
@@ -113,7 +117,7 @@ class BareLoop:
             clock.mark("data")
             with torch.autocast(device.type, dtype=DTYPES.get(self.precision, torch.float32),
                                 enabled=self.precision in DTYPES):
-                loss = self.criterion(self.model(images), labels)
+                loss = self.task.loss(self.model, images, labels)
             self.scaler.scale(loss).backward()
             clock.mark("backward")
             skip = contextlib.nullcontext()

@@ -72,9 +72,10 @@ def load_bench_spec(spec_file: str, overrides: list[str]):
 
 
 def spec_data(spec) -> train_plan.SpecData:
-    from hpc_train.spec.schema import TOKEN_KINDS
+    from hpc_train.spec.schema import TOKEN_KINDS, TaskKind
 
-    text = spec.data.kind in TOKEN_KINDS
+    # A causal LM reads token sequences whatever its data kind (a user's dataset of them too).
+    text = spec.data.kind in TOKEN_KINDS or spec.task_kind is TaskKind.CAUSAL_LM
     return train_plan.SpecData(real=spec.data.kind != "synthetic" and not text, text=text)
 
 

@@ -67,8 +67,9 @@ class Matrix:
 
 @dataclass(frozen=True)
 class SpecData:
-    """What the spec's data allows: files to read (`real` differs from `synthetic`), or text
-    (its generated corpus is the data: no synthetic images, no bare loop)."""
+    """What the spec's data allows: files to read (`real` differs from `synthetic`), or token
+    sequences (`text`: a generated corpus, token shards or a user's dataset of a causal LM),
+    which no synthetic images stand in for: both loops then read the spec's own data."""
     real: bool
     text: bool = False
 
@@ -97,7 +98,7 @@ def configurations(matrix: Matrix, world_size: int, data: SpecData,
     backend left out. Each compression runs under the backends that run it (Horovod: fp16;
     DDP: fp16, bf16, powersgd; spec/compression_rules.py), the others without; the bare loop
     runs once per backend of BARE_BACKENDS, precision and rank count (no compression or
-    accumulation, synthetic data) as the trainer's baseline; none for text. `deepspeed`: whether
+    accumulation; synthetic images, or the spec's own tokens) as the trainer's baseline. `deepspeed`: whether
     DeepSpeed is installed here (else its rows are left out, named)."""
     ranks = matrix.ranks or tuple(sorted({1, world_size}))
     if bad := [n for n in ranks if n > world_size]:
@@ -123,17 +124,18 @@ def configurations(matrix: Matrix, world_size: int, data: SpecData,
                         for accumulation in matrix.accumulations:
                             configs.append(Config("trainer", backend, precision, compression, n,
                                                   accumulation, source))
-        if matrix.bare and not data.text:
-            configs += [Config("bare", backend, precision, "none", n, 1, "synthetic")
+        if matrix.bare:
+            source = "real" if data.text else "synthetic"
+            configs += [Config("bare", backend, precision, "none", n, 1, source)
                         for backend in backends if backend in BARE_BACKENDS
-                        for precision in matrix.precisions]
+                        for precision in matrix.precisions if source in sources]
     return configs, skipped
 
 
 def twin(bare: Config, configs: list[Config]) -> Config | None:
-    """The trainer configuration a bare loop is the baseline of: same backend, precision and
-    ranks, synthetic data, no compression, accumulation 1."""
-    wanted = ("trainer", bare.backend, bare.precision, bare.ranks, "synthetic", "none", 1)
+    """The trainer configuration a bare loop is the baseline of: same backend, precision, ranks
+    and data, no compression, accumulation 1."""
+    wanted = ("trainer", bare.backend, bare.precision, bare.ranks, bare.data, "none", 1)
     return next((c for c in configs if (c.kind, c.backend, c.precision, c.ranks, c.data, c.compression,
                                         c.accumulation) == wanted), None)
 

@@ -168,17 +168,22 @@ class TrainerRun:
 
 
 class BareRun:
-    """A configuration of the bare loop (bench/bare_loop.py) on the spec's synthetic images."""
+    """A configuration of the bare loop (bench/bare_loop.py) on the spec's synthetic images, or
+    on its own training data where no images stand in for it (tokens: bench/train_plan.py)."""
 
     def __init__(self, spec, identity, clock, compression: str):
         from hpc_train.bench.bare_loop import BareLoop, plain_loader
         from hpc_train.data.synthetic import SyntheticImages
+        from hpc_train.train.data import train_dataset
         from hpc_train.train.trainer import pick_device
 
         self.spec, self.identity, self.clock = spec, identity, clock
         self.device = pick_device(spec, identity)
-        data = SyntheticImages(spec.data.train_samples, spec.data.num_classes, spec.data.image_size,
-                               seed=spec.run.seed)
+        if spec.data.kind == "synthetic":
+            data = SyntheticImages(spec.data.train_samples, spec.data.num_classes, spec.data.image_size,
+                                   seed=spec.run.seed)
+        else:
+            data = train_dataset(spec)
         self.loop = BareLoop(spec, identity, self.device, plain_loader(spec, identity, self.device, data),
                              compression=compression, clock=clock)
 

@@ -50,6 +50,11 @@ def horovod_env(knobs, paths: RunPaths, restart: int = 0) -> dict[str, str]:
 # gradient allreduce came to 0.84 of mpi4py's at 10 ms, 0.92 at 5, 0.99-1.07 at 2 and 1.15 at 1,
 # images/s 0.95-1.10x DDP's over these runs (one session, docs/benchmarks.md). 2 ms keeps most
 # of the gain with half the wake-ups of Horovod's default.
+# The price, measured 2026-12-07 (Open MPI 4.1.4, 2 ranks, hvd.init() then 10 s asleep): an idle
+# pair spends a whole core polling at a 2 or 5 ms cycle (10.0 and 9.6 core-seconds), 0.1 of one at
+# 10 ms and 0.04 at 20 ms. It costs nothing under load (yielding gives the core away: a smoke run
+# beside three busy loops used the same CPU at 2 and 20 ms, and as DDP), but it is what `top`
+# shows of a rank that waits on its data or a save on an otherwise idle node.
 FEW_CORE_CYCLE_MS = 2
 OPENMPI_YIELD = "OMPI_MCA_mpi_yield_when_idle"
 

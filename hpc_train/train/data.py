@@ -217,6 +217,12 @@ def evaluation_dataset(spec, split: str = "val", root: str | Path | None = None,
                          ValTransform(data.image_size, normalize=not uint8))
 
 
+def train_dataset(spec):
+    """The training split of the spec's data as the trainer reads it (bench train's bare loop
+    on the spec's own data)."""
+    return _datasets(spec, uint8=False)[0]
+
+
 def _datasets(spec, uint8: bool):
     data = spec.data
     if data.kind in ("text", "tokens"):

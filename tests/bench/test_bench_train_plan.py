@@ -45,6 +45,17 @@ def test_synthetic_specs_have_no_real_data_rows_and_one_rank_specs_one_rank_coun
         train_plan.configurations(Matrix(data=("real",)), world_size=2, data=SpecData(real=False))[0]
 
 
+def test_token_specs_measure_both_loops_on_their_own_data():
+    # A causal LM (text, token shards, a user's dataset of sequences): no images stand in for
+    # its data, so the bare loop reads the spec's own, and is paired with the trainer on it.
+    configs = train_plan.configurations(Matrix(backends=("ddp",), precisions=("fp32",)), world_size=2,
+                                        data=SpecData(real=True, text=True))[0]
+    assert {c.data for c in configs} == {"real"}
+    units = [unit for n in (1, 2) for unit in train_plan.units([c for c in configs if c.ranks == n])]
+    assert [[name.split("-")[0] for name in unit] for unit in units if len(unit) == 2] == [
+        ["trainer", "bare"]] * 2
+
+
 def test_launches_alternate_their_order_every_other_round():
     configs = train_plan.configurations(Matrix(backends=("ddp",), precisions=("fp32",), bare=False,
                                                data=("synthetic",)), world_size=2, data=SpecData(real=False))[0]

@@ -43,7 +43,10 @@ pytestmark = [pytest.mark.slurm, pytest.mark.mpi, pytest.mark.horovod, pytest.ma
 
 ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"}
 SMOKE, ZERO = "jobs/smoke.yaml", "jobs/transformer_zero_cpu.yaml"
-TOTAL_STEPS = 92            # jobs/smoke.yaml: 2 epochs of 46 steps
+TOTAL_STEPS = 92            # jobs/smoke.yaml: 2 epochs of 46 steps (the tracked run's two val lines)
+# The stopped, straight and frozen runs train one epoch: their stops come by step 28 and no
+# assertion of theirs reads a second (46 steps less each, and fewer trained again).
+ONE_EPOCH, EPOCH_STEPS = "optim.epochs=1", 46
 # The ZeRO-3 job trains fast (about 10 steps a second here): three epochs (192 steps), stopped at
 # steps where the previous stop's resume is well behind it.
 ZERO_LONG, ZERO_STEPS, ZERO_STOPS = ["optim.epochs=3"], 192, (8, 70, 140)
@@ -51,7 +54,7 @@ ZERO_LONG, ZERO_STEPS, ZERO_STOPS = ["optim.epochs=3"], 192, (8, 70, 140)
 # compare the loss of every step.
 WATCH = ["log.every_steps=1"]
 FREEZE = ["launch.stall_seconds=40", "checkpoint.every_steps=10", "launch.restarts_in_job=0",
-          "checkpoint.retries_on_failure=1", *WATCH]     # the requeue path (restarts: test_restart_e2e)
+          "checkpoint.retries_on_failure=1", ONE_EPOCH, *WATCH]     # the requeue path (restarts: test_restart_e2e)
 # CI's reduced form (the rest with --heavy): Horovod's run stopped three ways covers the replicated
 # path; the sharded backends' stops and resumes are covered under mpirun by tests/train/test_fsdp.py
 # and tests/parallel/test_deepspeed.py, and a failure on every run by test_run_state_e2e.py.
@@ -110,18 +113,18 @@ def jobs(slurm_cluster, tmp_path_factory, request):
     (fake / "scontrol").write_text(FAKE_SCONTROL.format(real=real))
     (fake / "scontrol").chmod(0o755)
     plan = {
-        "stopped-horovod": (WATCH, _stop_three_ways),
-        "stopped-ddp": (["parallel.backend=ddp", *WATCH], _stop_three_ways),
-        "stopped-fsdp": (["parallel.backend=fsdp", *WATCH], _stop_three_ways),
+        "stopped-horovod": ([ONE_EPOCH, *WATCH], _stop_three_ways),
+        "stopped-ddp": (["parallel.backend=ddp", ONE_EPOCH, *WATCH], _stop_three_ways),
+        "stopped-fsdp": (["parallel.backend=fsdp", ONE_EPOCH, *WATCH], _stop_three_ways),
         "stopped-zero3": ((ZERO, [*ZERO_LONG, *WATCH]), lambda j, p: _stop_three_ways(j, p, ZERO_STOPS)),
         "frozen-once": (FREEZE, _freeze_one_rank),
         "no-requeue": ([*WATCH, f"slurm.setup=[export PATH={fake}:$PATH]"], _usr2_at_step_8),
         "cancelled": (WATCH, _cancel_at_step_6),
         "tracked": (TRACKED, _requeue_then_kill),
         "frozen-always": ([*FREEZE, "launch.stall_seconds=20", "launch.env.HPC_TRAIN_FAULT=freeze:1:14"], None),
-        "straight-horovod": (WATCH, None),
-        "straight-ddp": (["parallel.backend=ddp", *WATCH], None),
-        "straight-fsdp": (["parallel.backend=fsdp", *WATCH], None),
+        "straight-horovod": ([ONE_EPOCH, *WATCH], None),
+        "straight-ddp": (["parallel.backend=ddp", ONE_EPOCH, *WATCH], None),
+        "straight-fsdp": (["parallel.backend=fsdp", ONE_EPOCH, *WATCH], None),
         "straight-zero3": ((ZERO, [*ZERO_LONG, *WATCH]), None),
     }
     plan = selected_plan(request.config, plan, HEAVY)
@@ -137,7 +140,7 @@ def jobs(slurm_cluster, tmp_path_factory, request):
 
 # -- actors: what happens to each job while it runs (threads started by the fixture) -----------
 
-def _stop_three_ways(job_id: str, paths: RunPaths, at_steps=(8, 24, 56)) -> list[dict]:
+def _stop_three_ways(job_id: str, paths: RunPaths, at_steps=(8, 20, 28)) -> list[dict]:
     """USR2 to the batch shell, then `scontrol requeue`, then TERM to every process; each while
     the run is training past the last one's resume. Returns when and how each stop was sent."""
     stops, since = [], 0.0
@@ -270,7 +273,7 @@ def test_a_job_stopped_three_ways_ends_bit_identical(backend, jobs, slurm_cluste
     assert stops[0]["resumed_from"] == events(paths, "stop_saved")[0]["step"]
 
     # Same steps, and every rank's parameters bit-identical to the uninterrupted run.
-    assert_same_training(paths, straight.paths, ZERO_STEPS if backend == "zero3" else TOTAL_STEPS)
+    assert_same_training(paths, straight.paths, ZERO_STEPS if backend == "zero3" else EPOCH_STEPS)
 
 
 def test_frozen_rank_is_named_then_requeued_from_its_checkpoint(jobs, slurm_cluster):
@@ -295,7 +298,7 @@ def test_frozen_rank_is_named_then_requeued_from_its_checkpoint(jobs, slurm_clus
     assert requeued["cause"] == "stall" and requeued["by"] == "driver"
     assert events(paths, "resumed")[0]["from_checkpoint"] >= 20   # every 10 steps; frozen after 24
     assert events(paths, "finished")[-1]["status"] == "completed"
-    assert {e["step"] for e in events(paths, "rank_finished")} == {TOTAL_STEPS}
+    assert {e["step"] for e in events(paths, "rank_finished")} == {EPOCH_STEPS}
     diagnosis = cli("diagnose", str(paths.root), "--run", "0").stdout
     assert "rank 1" in diagnosis and "T (stopped)" in diagnosis, diagnosis
 

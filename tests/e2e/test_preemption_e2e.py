@@ -47,8 +47,12 @@ PREEMPT_AT = 12
 # 0.25 s steps). A grace heard at its end would come 120 steps later, after the run's end.
 HEARD_WITHIN_STEPS = 20
 PACED = ["launch.env.HPC_TRAIN_FAULT=pace:0.25", "log.every_steps=1"]
-ONE_NODE = ["slurm.nodes=1", "slurm.tasks_per_node=2", "optim.epochs=1", NO_WORKERS]
-TWO_NODES = ["slurm.nodes=2", "slurm.tasks_per_node=1", "optim.epochs=1", NO_WORKERS]
+# Each job holds its nodes whole (sbatch --exclusive): an urgent job then preempts the one job
+# whose node it asked for. Two of the two-node jobs (one CPU on each of two 2-CPU nodes) shared a
+# node in CI18, and one urgent job preempted both: each was preempted twice.
+WHOLE_NODES = "slurm.extra={exclusive: ''}"
+ONE_NODE = ["slurm.nodes=1", "slurm.tasks_per_node=2", "optim.epochs=1", NO_WORKERS, WHOLE_NODES]
+TWO_NODES = ["slurm.nodes=2", "slurm.tasks_per_node=1", "optim.epochs=1", NO_WORKERS, WHOLE_NODES]
 PLAN = {
     "straight-one-node": [*ONE_NODE, "log.every_steps=1"],
     "straight-two-nodes": [*TWO_NODES, "log.every_steps=1"],

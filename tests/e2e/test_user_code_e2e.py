@@ -6,9 +6,11 @@ task.eval lab_cnn.steps:eval_step): the classification loss they replace is ever
 
 - Uninterrupted, it trains (the loss halves), logs the step's own metrics in its metrics lines
   (training and validation) and its code snapshot holds the user's package.
-- Stopped by USR2 to the batch shell at step 8, it saves, requeues itself and ends COMPLETED with
-  every rank's parameters, optimizer and buffers bit-identical to the uninterrupted run, the loss
-  of every step equal: exact resume holds for the user's map-style dataset and step as for ours.
+- Under FSDP (one unit per block, the model's own `fsdp_units` hint), stopped by USR2 to the batch
+  shell at step 8, it saves, requeues itself and ends COMPLETED with every rank's shards,
+  optimizer and buffers bit-identical to the uninterrupted FSDP run, the loss of every step
+  equal: exact resume holds for the user's model, map-style dataset and step as for ours. With
+  --heavy the same under Horovod (the shipped backend, trained above in CI) and DDP.
 - A model that does not build fails the job with the user's traceback (their file and line) in
   the rank's log and in `diagnose`.
 """
@@ -20,6 +22,7 @@ import subprocess
 import pytest
 
 from hpc_train.rundir import read_jsonl
+from tests.conftest import heavy_params, selected_plan
 from tests.runs import (assert_same_training, assert_trained, cli, describe_failure, events,
                         logged_step, submit, wait_for)
 
@@ -36,29 +39,37 @@ def build():
 """
 
 
+BACKENDS = {"horovod": [], "ddp": ["parallel.backend=ddp"], "fsdp": ["parallel.backend=fsdp"]}
+# CI: the shipped (Horovod) run straight, and the exact resume under FSDP (a sharded user model);
+# the exact resume under Horovod and DDP with --heavy (lifecycle covers it for our smoke job).
+HEAVY = {"stopped-horovod", "straight-ddp", "stopped-ddp"}
+
+
 @pytest.fixture(scope="module")
-def jobs(slurm_cluster, tmp_path_factory):
+def jobs(slurm_cluster, tmp_path_factory, request):
     root = tmp_path_factory.mktemp("usercode")
     broken = root / "broken_lab"
     broken.mkdir()
     (broken / "__init__.py").write_text("")
     (broken / "nets.py").write_text(BROKEN)
+    plan = {f"{kind}-{backend}": [*WATCH, *overrides] for backend, overrides in BACKENDS.items()
+            for kind in ("straight", "stopped")}
+    plan["broken"] = [f"run.code=[examples/user_cnn, {root}]", "model.name=broken_lab.nets:build",
+                      "model.options={}", "checkpoint.retries_on_failure=0", "launch.restarts_in_job=0"]
     submitted = {}
-    for name, overrides in {"straight": WATCH, "stopped": WATCH,
-                            "broken": [f"run.code=[examples/user_cnn, {root}]", "model.name=broken_lab.nets:build",
-                                       "model.options={}", "checkpoint.retries_on_failure=0",
-                                       "launch.restarts_in_job=0"]}.items():
+    for name, overrides in selected_plan(request.config, plan, HEAVY).items():
         job_id, paths = submit(SPEC, root, f"run.name={name}", *overrides)
         slurm_cluster.job_ids.append(job_id)
         submitted[name] = (job_id, paths)
-    job_id, paths = submitted["stopped"]
-    wait_for(lambda: logged_step(paths) >= 8, 900, "step 8 of the stopped run")
-    subprocess.run(["scancel", "--batch", "--signal=USR2", job_id], check=True, timeout=30)
+    for name in [n for n in submitted if n.startswith("stopped-")]:
+        job_id, paths = submitted[name]
+        wait_for(lambda: logged_step(paths) >= 8, 900, f"step 8 of {name}")
+        subprocess.run(["scancel", "--batch", "--signal=USR2", job_id], check=True, timeout=30)
     return submitted
 
 
 def test_the_users_model_and_data_train_and_travel_with_the_run(jobs, slurm_cluster):
-    job_id, paths = jobs["straight"]
+    job_id, paths = jobs["straight-horovod"]
     assert slurm_cluster.wait_state(job_id, ENDED, timeout=1200) == "COMPLETED", describe_failure(paths)
     assert_trained(paths)
     lines = read_jsonl(paths.metrics)
@@ -71,10 +82,11 @@ def test_the_users_model_and_data_train_and_travel_with_the_run(jobs, slurm_clus
     assert events(paths, "started")[0]["ranks"] == 2
 
 
-def test_stopped_and_requeued_it_ends_bit_identical(jobs, slurm_cluster):
-    job_id, paths = jobs["stopped"]
+@pytest.mark.parametrize("backend", heavy_params(["fsdp", "horovod", "ddp"], {"horovod", "ddp"}))
+def test_stopped_and_requeued_it_ends_bit_identical(backend, jobs, slurm_cluster):
+    job_id, paths = jobs[f"stopped-{backend}"]
     assert slurm_cluster.wait_state(job_id, ENDED, timeout=1200) == "COMPLETED", describe_failure(paths)
-    straight_id, straight = jobs["straight"]
+    straight_id, straight = jobs[f"straight-{backend}"]
     assert slurm_cluster.wait_state(straight_id, ENDED, timeout=1200) == "COMPLETED"
     requeued = events(paths, "requeued")
     assert [(e["cause"], e["by"]) for e in requeued] == [("stop", "driver")], requeued

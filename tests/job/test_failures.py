@@ -138,8 +138,9 @@ def test_run_killed_while_saving_resumes_from_the_previous_checkpoint(tmp_path):
     """Rank 0 is SIGKILLed while its save of step 8 is in flight: rank 0's background write is
     held (HPC_TRAIN_FAULT slow_write, in this start only) between its own file and the shared
     state, so the kill lands after the temporary directory is made and before the checkpoint can
-    be complete. The next run, without the fault, resumes from step 4 and finishes."""
-    paths = local_run(tmp_path, *SMALL, "model.name=resnet18", "optim.epochs=2",
+    be complete. The next run, without the fault, resumes from step 4 and finishes (step 12)."""
+    # 12 steps: the save of 8 cut, the resume from 4 to the end (two epochs of 32 before).
+    paths = local_run(tmp_path, *SMALL, "model.name=resnet18", "optim.epochs=2", "optim.max_steps=12",
                       "checkpoint.every_steps=4", "checkpoint.keep_last=5", "launch.env={OMP_NUM_THREADS: '1'}")
     environ = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SUBMITIT_"))}
     paths.submitit.mkdir(parents=True, exist_ok=True)
@@ -165,7 +166,7 @@ def test_run_killed_while_saving_resumes_from_the_previous_checkpoint(tmp_path):
     assert layout.list_complete(paths.checkpoints) == [4]
     assert drive(paths) == 0, describe_failure(paths)    # the next run resumes and finishes
     assert events(paths, "resumed")[0]["from_checkpoint"] == 4
-    assert heartbeat_step(paths) == 32
+    assert heartbeat_step(paths) == 12
     assert not list(paths.checkpoints.glob(".step-*.tmp"))   # the cut save's part cleared away
 
 
