@@ -76,7 +76,8 @@ def spec_data(spec) -> train_plan.SpecData:
 
     # A causal LM reads token sequences whatever its data kind (a user's dataset of them too).
     text = spec.data.kind in TOKEN_KINDS or spec.task_kind is TaskKind.CAUSAL_LM
-    return train_plan.SpecData(real=spec.data.kind != "synthetic" and not text, text=text)
+    return train_plan.SpecData(real=spec.data.kind != "synthetic" and not text, text=text,
+                               dataset=spec.data.kind == "dataset")
 
 
 def plan_configs(args, spec) -> list[train_plan.Config]:

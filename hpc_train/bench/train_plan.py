@@ -67,11 +67,17 @@ class Matrix:
 
 @dataclass(frozen=True)
 class SpecData:
-    """What the spec's data allows: files to read (`real` differs from `synthetic`), or token
-    sequences (`text`: a generated corpus, token shards or a user's dataset of a causal LM),
-    which no synthetic images stand in for: both loops then read the spec's own data."""
+    """What the spec's data allows: files to read (`real` differs from `synthetic`); token
+    sequences (`text`: a generated corpus, token shards, a user's dataset of a causal LM); a
+    user's own dataset (`dataset`), whose model expects its samples."""
     real: bool
     text: bool = False
+    dataset: bool = False
+
+    @property
+    def own_only(self) -> bool:
+        """No synthetic images stand in for this data: both loops read the spec's own."""
+        return self.text or self.dataset
 
 
 def parse_list(text: str, allowed: tuple[str, ...], option: str) -> tuple[str, ...]:
@@ -98,15 +104,17 @@ def configurations(matrix: Matrix, world_size: int, data: SpecData,
     backend left out. Each compression runs under the backends that run it (Horovod: fp16;
     DDP: fp16, bf16, powersgd; spec/compression_rules.py), the others without; the bare loop
     runs once per backend of BARE_BACKENDS, precision and rank count (no compression or
-    accumulation; synthetic images, or the spec's own tokens) as the trainer's baseline. `deepspeed`: whether
+    accumulation; synthetic images, or the spec's own data where they cannot stand in for it) as
+    the trainer's baseline. `deepspeed`: whether
     DeepSpeed is installed here (else its rows are left out, named)."""
     ranks = matrix.ranks or tuple(sorted({1, world_size}))
     if bad := [n for n in ranks if n > world_size]:
         raise HpcTrainError(f"--ranks {bad}: more than the spec's {world_size} ranks (the allocation)")
-    if data.text and "real" not in matrix.data:
-        raise HpcTrainError("--data synthetic: this spec's data is text (its generated corpus is "
-                            "the data); use --data real")
-    sources = ["real"] if data.text else [d for d in matrix.data if d == "synthetic" or data.real]
+    if data.own_only and "real" not in matrix.data:
+        what = "text" if data.text else "a dataset of your own"
+        raise HpcTrainError(f"--data synthetic: this spec's data is {what}, which no synthetic "
+                            "images stand in for; use --data real")
+    sources = ["real"] if data.own_only else [d for d in matrix.data if d == "synthetic" or data.real]
     if not sources:
         raise HpcTrainError("--data real: this spec's data is synthetic; use --data synthetic")
     skipped = [] if deepspeed else [
@@ -125,7 +133,7 @@ def configurations(matrix: Matrix, world_size: int, data: SpecData,
                             configs.append(Config("trainer", backend, precision, compression, n,
                                                   accumulation, source))
         if matrix.bare:
-            source = "real" if data.text else "synthetic"
+            source = "real" if data.own_only else "synthetic"
             configs += [Config("bare", backend, precision, "none", n, 1, source)
                         for backend in backends if backend in BARE_BACKENDS
                         for precision in matrix.precisions if source in sources]

@@ -45,6 +45,14 @@ def test_synthetic_specs_have_no_real_data_rows_and_one_rank_specs_one_rank_coun
         train_plan.configurations(Matrix(data=("real",)), world_size=2, data=SpecData(real=False))[0]
 
 
+def test_a_users_dataset_is_measured_on_itself_by_both_loops():
+    data = SpecData(real=True, dataset=True)
+    configs = train_plan.configurations(Matrix(backends=("horovod",), precisions=("fp32",)), 2, data)[0]
+    assert {(c.kind, c.data) for c in configs} == {("trainer", "real"), ("bare", "real")}
+    with pytest.raises(HpcTrainError, match="a dataset of your own"):
+        train_plan.configurations(Matrix(data=("synthetic",)), 2, data)
+
+
 def test_token_specs_measure_both_loops_on_their_own_data():
     # A causal LM (text, token shards, a user's dataset of sequences): no images stand in for
     # its data, so the bare loop reads the spec's own, and is paired with the trainer on it.

@@ -31,10 +31,11 @@ def test_without_deepspeed_its_rows_are_left_out_in_one_line_each():
     assert "zero1 left out" in skipped[0] and "zero3 left out" in skipped[1]
 
 
-def test_a_text_spec_runs_on_its_own_corpus_without_a_bare_loop():
+def test_a_text_spec_runs_both_loops_on_its_own_corpus():
     configs, _ = train_plan.configurations(Matrix(backends=("ddp", "fsdp")), 2, SpecData(real=False, text=True))
-    assert {c.data for c in configs} == {"real"} and {c.kind for c in configs} == {"trainer"}
-    with pytest.raises(HpcTrainError, match="--data synthetic: this spec's data is text"):
+    assert {c.data for c in configs} == {"real"}
+    assert {c.backend for c in configs if c.kind == "bare"} == {"ddp"}       # the bare loop's backends
+    with pytest.raises(HpcTrainError, match="--data synthetic: this spec's data is text, which no"):
         train_plan.configurations(Matrix(data=("synthetic",)), 2, SpecData(real=False, text=True))
 
 
