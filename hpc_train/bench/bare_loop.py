@@ -87,6 +87,7 @@ class BareLoop:
         # The job's task's loss, as the trainer's: cross-entropy on classes for an image model,
         # on next tokens for a causal LM, or the user's own step (train/task.py).
         self.task = task_for(spec, device)
+        self.grad_clip = spec.optim.grad_clip     # the same update as the trainer's
         self.loader, self.batches = batches, None
         clock.watch(model)
 
@@ -125,6 +126,9 @@ class BareLoop:
                 self.optimizer.synchronize()
                 clock.mark("reduced")
                 skip = self.optimizer.skip_synchronize()
+            if self.grad_clip:
+                self.scaler.unscale_(self.optimizer)
+                torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
             with skip:
                 self.scaler.step(self.optimizer)
             self.scaler.update()

@@ -119,7 +119,7 @@ def make_plan(args, spec, spec_file: str, configs: list[train_plan.Config]) -> d
     return {"settings": {"spec": spec_file, "model": spec.model.name, "batch_size": spec.data.batch_size,
                          "image_size": spec.data.image_size, "world_size": spec.world_size,
                          "sample": "sequence" if text else "image",
-                         "seq_len": spec.data.seq_len if text else None,
+                         "seq_len": spec.data.seq_len if text and spec.data.kind != "dataset" else None,
                          "hosts": spec.slurm.nodes, "launcher": spec.launch.method,
                          "warmup": args.warmup, "steps": args.steps, "rounds": args.rounds,
                          "command": "python -m hpc_train " + shlex.join(sys.argv[1:])},

@@ -223,9 +223,12 @@ class Bench:
         from hpc_train.spec import load_spec
         from hpc_train.train.trainer import pick_device
 
+        from hpc_train.usercode import add_to_path
+
         config = self.configs[name]
         paths = RunPaths(self.root / "configs" / name)
         spec = load_spec(paths.spec)
+        add_to_path(spec.run.code)      # a user's model and data: importable as on a job's rank
         quiesce_horovod(keep=config["backend"] == "horovod")
         clock = StepClock(pick_device(spec, self.identity))
         if config["kind"] == "trainer":

@@ -98,12 +98,14 @@ def add_scaling(rows: list[dict]) -> None:
 
 
 def overheads(rows: list[dict]) -> list[dict]:
-    bare = {(r["backend"], r["precision"], r["ranks"]): r for r in rows if r["kind"] == "bare"}
+    # A bare loop reads synthetic images, or the spec's own data where they cannot stand in for it
+    # (bench/train_plan.py): its trainer twin is the one on the same data.
+    bare = {(r["backend"], r["precision"], r["ranks"], r["data"]): r for r in rows if r["kind"] == "bare"}
     out = []
     for row in rows:
-        if (row["kind"], row["data"], row["compression"], row["accumulation"]) != ("trainer", "synthetic", "none", 1):
+        if (row["kind"], row["compression"], row["accumulation"]) != ("trainer", "none", 1):
             continue
-        base = bare.get((row["backend"], row["precision"], row["ranks"]))
+        base = bare.get((row["backend"], row["precision"], row["ranks"], row["data"]))
         if base is None or not base["step_s"] or not row["step_s"]:
             continue
         # Each round's trainer median against the bare loop's of the same round (they ran
@@ -229,7 +231,10 @@ def allreduce_lines(report: dict) -> list[str]:
 
 def header(report: dict) -> str:
     s = report["settings"]
-    shape = f"{s['seq_len']} tokens" if s.get("sample") == "sequence" else f"{s['image_size']} px"
+    if s.get("sample") == "sequence":      # a user's dataset sets its own length: not the spec's
+        shape = f"{s['seq_len']} tokens" if s.get("seq_len") else "its own sequences"
+    else:
+        shape = f"{s['image_size']} px"
     return (f"bench train: {s['spec']} ({s['model']}, batch {s['batch_size']} per rank, "
             f"{shape}), {s['launcher']}, {s['hosts']} host(s); {s['warmup']} warm-up + "
             f"{s['steps']} timed steps x {s['rounds']} round(s)")
