@@ -25,9 +25,13 @@ def test_bench_train_splits_sharded_state_and_counts_bytes_per_step(tmp_path):
     # fp16 with DeepSpeed on CPUs is left out in one line, the others run.
     assert re.search(r"^bench train: trainer-zero3-fp16-\S+ left out: precision.mode", out.stderr, re.M)
     report = json.loads(out.stdout)
-    rows = {(r["backend"], r["precision"]): r for r in report["rows"]}
+    rows = {(r["backend"], r["precision"]): r for r in report["rows"] if r["kind"] == "trainer"}
     assert set(rows) == {("ddp", "fp32"), ("ddp", "fp16"), ("fsdp", "fp32"), ("fsdp", "fp16"),
                          ("zero3", "fp32")} and report["missing"] == []
+    # The text spec's bare-loop baseline reads its own corpus, beside DDP's trainer rows.
+    assert {(r["backend"], r["precision"], r["data"]) for r in report["rows"] if r["kind"] == "bare"} == {
+        ("ddp", "fp32", "real"), ("ddp", "fp16", "real")}
+    assert {(o["backend"], o["precision"]) for o in report["overhead"]} == {("ddp", "fp32"), ("ddp", "fp16")}
     ddp = rows["ddp", "fp32"]["memory_split"]
     for row in rows.values():
         split = row["memory_split"]
