@@ -23,6 +23,9 @@ from tests.conftest import REPO
 # CI is CPU-bound, and a 2-epoch smoke run costs about 4 core-seconds less so (25.7 -> 21.5,
 # measured on the whole machine; docs/testing.md).
 NO_WORKERS = "data.workers=0"
+# One epoch of jobs/smoke.yaml (3,000 demo images at 64 per step, the tail dropped): for the
+# end-to-end jobs whose assertions read no second epoch.
+ONE_EPOCH, SMOKE_EPOCH_STEPS = "optim.epochs=1", 46
 
 
 def cli(*args: str, env=None, timeout: float = 600, cwd=REPO) -> subprocess.CompletedProcess:

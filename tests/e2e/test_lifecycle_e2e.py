@@ -36,8 +36,8 @@ import pytest
 
 from hpc_train.rundir import RunPaths
 from tests.conftest import heavy_params, require, selected_plan
-from tests.runs import (await_beat, assert_same_training, cli, describe_failure, events, logged_step,
-                        metrics_after, submit, wait_for)
+from tests.runs import (ONE_EPOCH, SMOKE_EPOCH_STEPS, await_beat, assert_same_training, cli,
+                        describe_failure, events, logged_step, metrics_after, submit, wait_for)
 
 pytestmark = [pytest.mark.slurm, pytest.mark.mpi, pytest.mark.horovod, pytest.mark.slow]
 
@@ -46,7 +46,6 @@ SMOKE, ZERO = "jobs/smoke.yaml", "jobs/transformer_zero_cpu.yaml"
 TOTAL_STEPS = 92            # jobs/smoke.yaml: 2 epochs of 46 steps (the tracked run's two val lines)
 # The stopped, straight and frozen runs train one epoch: their stops come by step 28 and no
 # assertion of theirs reads a second (46 steps less each, and fewer trained again).
-ONE_EPOCH, EPOCH_STEPS = "optim.epochs=1", 46
 # The ZeRO-3 job trains fast (about 10 steps a second here): three epochs (192 steps), stopped at
 # steps where the previous stop's resume is well behind it.
 ZERO_LONG, ZERO_STEPS, ZERO_STOPS = ["optim.epochs=3"], 192, (8, 70, 140)
@@ -273,7 +272,7 @@ def test_a_job_stopped_three_ways_ends_bit_identical(backend, jobs, slurm_cluste
     assert stops[0]["resumed_from"] == events(paths, "stop_saved")[0]["step"]
 
     # Same steps, and every rank's parameters bit-identical to the uninterrupted run.
-    assert_same_training(paths, straight.paths, ZERO_STEPS if backend == "zero3" else EPOCH_STEPS)
+    assert_same_training(paths, straight.paths, ZERO_STEPS if backend == "zero3" else SMOKE_EPOCH_STEPS)
 
 
 def test_frozen_rank_is_named_then_requeued_from_its_checkpoint(jobs, slurm_cluster):
@@ -298,7 +297,7 @@ def test_frozen_rank_is_named_then_requeued_from_its_checkpoint(jobs, slurm_clus
     assert requeued["cause"] == "stall" and requeued["by"] == "driver"
     assert events(paths, "resumed")[0]["from_checkpoint"] >= 20   # every 10 steps; frozen after 24
     assert events(paths, "finished")[-1]["status"] == "completed"
-    assert {e["step"] for e in events(paths, "rank_finished")} == {EPOCH_STEPS}
+    assert {e["step"] for e in events(paths, "rank_finished")} == {SMOKE_EPOCH_STEPS}
     diagnosis = cli("diagnose", str(paths.root), "--run", "0").stdout
     assert "rank 1" in diagnosis and "T (stopped)" in diagnosis, diagnosis
 

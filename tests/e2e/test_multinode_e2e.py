@@ -23,8 +23,8 @@ import pytest
 from hpc_train.inspection.logparse import rank_host, timed_lines
 from hpc_train.rundir import RunPaths, read_jsonl
 from tests.conftest import heavy_params, selected_plan
-from tests.runs import (NO_WORKERS, assert_trained, cli, describe_failure, events, heartbeat_step, logged_step,
-                        submit, wait_for)
+from tests.runs import (NO_WORKERS, ONE_EPOCH, SMOKE_EPOCH_STEPS, assert_trained, cli,
+                        describe_failure, events, heartbeat_step, logged_step, submit, wait_for)
 
 pytestmark = [pytest.mark.multinode, pytest.mark.slurm, pytest.mark.mpi, pytest.mark.slow]
 
@@ -38,7 +38,7 @@ NO_RETRY = ["checkpoint.retries_on_failure=0", "launch.restarts_in_job=0", "laun
 SMOKE = "jobs/smoke.yaml"
 # One epoch of the smoke job (46 steps): its loss has fallen to a quarter by then, and the stops
 # below come at steps 10 and 30. (Two epochs before: 46 steps more per job that nothing read.)
-ONE_EPOCH, TOTAL_STEPS = "optim.epochs=1", 46
+TOTAL_STEPS = SMOKE_EPOCH_STEPS
 SMOKE_RUN = [ONE_EPOCH, NO_WORKERS]
 PIPELINE = "jobs/transformer_pipeline_cpu.yaml"
 

@@ -33,7 +33,7 @@ import pytest
 
 from hpc_train.rundir import RunPaths
 from hpc_train.spec import load_spec
-from tests.runs import NO_WORKERS, cli, describe_failure, events, logged_step, submit, wait_for
+from tests.runs import NO_WORKERS, ONE_EPOCH, SMOKE_EPOCH_STEPS, cli, describe_failure, events, logged_step, submit, wait_for
 
 pytestmark = [pytest.mark.multinode, pytest.mark.slurm, pytest.mark.mpi, pytest.mark.slow]
 
@@ -41,7 +41,7 @@ ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEM
 SMOKE = "jobs/smoke.yaml"
 # One epoch of jobs/smoke.yaml (46 steps): the stop comes by step 32, the rest is the resume's.
 # (Two epochs before: 46 more steps in each of the six jobs, which no assertion needed.)
-TOTAL_STEPS = 46
+TOTAL_STEPS = SMOKE_EPOCH_STEPS
 PREEMPT_AT = 12
 # The ranks agree on a stop every 5 steps; the signal reaches them within a second or two (a few
 # 0.25 s steps). A grace heard at its end would come 120 steps later, after the run's end.
@@ -51,8 +51,8 @@ PACED = ["launch.env.HPC_TRAIN_FAULT=pace:0.25", "log.every_steps=1"]
 # whose node it asked for. Two of the two-node jobs (one CPU on each of two 2-CPU nodes) shared a
 # node in CI18, and one urgent job preempted both: each was preempted twice.
 WHOLE_NODES = "slurm.extra={exclusive: ''}"
-ONE_NODE = ["slurm.nodes=1", "slurm.tasks_per_node=2", "optim.epochs=1", NO_WORKERS, WHOLE_NODES]
-TWO_NODES = ["slurm.nodes=2", "slurm.tasks_per_node=1", "optim.epochs=1", NO_WORKERS, WHOLE_NODES]
+ONE_NODE = ["slurm.nodes=1", "slurm.tasks_per_node=2", ONE_EPOCH, NO_WORKERS, WHOLE_NODES]
+TWO_NODES = ["slurm.nodes=2", "slurm.tasks_per_node=1", ONE_EPOCH, NO_WORKERS, WHOLE_NODES]
 PLAN = {
     "straight-one-node": [*ONE_NODE, "log.every_steps=1"],
     "straight-two-nodes": [*TWO_NODES, "log.every_steps=1"],
